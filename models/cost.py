@@ -1,0 +1,241 @@
+"""Step cost: how long one engine step takes, from a roofline of the real model on the real GPU.
+
+One call covers every kind of step. A batch is described per sequence by the tokens it adds this
+step (`new_tokens`: a prefill chunk, 1 for plain decode, k+1 for speculative verification) and the
+tokens already in its KV cache (`context`). The step is charged
+
+    total_s = max(linear compute, linear memory) + max(attention compute, attention memory)
+              + comm_s + overhead_s
+
+    compute_s  = FLOPs / (peak x mfu(tokens))      matmuls: 2 x active params per token,
+                                                   attention: 4 x layers x heads x head_dim per
+                                                   (query, key) pair, quadratic inside a chunk
+    memory_s   = bytes / (HBM bandwidth x bw_eff)   weights once per step (read by all tokens),
+                                                   KV read once per sequence (shared by its k+1
+                                                   verified tokens), KV written, activations
+    comm_s     = 2 all-reduces per layer (tensor parallel), each latency + ring volume / link
+    overhead_s = per-step engine overhead + per-layer launch overhead of each forward pass
+
+`mfu(tokens) = mfu_max * tokens / (tokens + mfu_half_tokens)`: small token counts per step reach a
+small fraction of peak. The factors come from `models.calibration` (docs/CALIBRATION.md).
+Everything is per GPU: weights, heads and FLOPs are divided by the tensor-parallel degree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from models.catalog import (
+    GPU,
+    LLM,
+    KVFormat,
+    WeightFormat,
+    get_gpu,
+    get_kv_format,
+    get_model,
+    get_weight_format,
+    peak_flops,
+    weight_bytes,
+)
+from models.errors import ConfigError
+
+ACT_BYTES = 2.0  # activations and all-reduce payloads are bf16 in every format we model
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fractions of peak and fixed costs of a real engine on one GPU family."""
+
+    mfu_max: float  # achieved fraction of peak FLOPs at large tokens per step, bf16 weights
+    mfu_max_quant: float  # the same for quantised weights, of that format's own (higher) peak
+    mfu_half_tokens: float  # tokens per step at which half of mfu_max is reached
+    bw_eff: float  # achieved fraction of HBM bandwidth
+    step_overhead_s: float  # once per engine step: scheduling, sampling, detokenisation
+    layer_overhead_s: float  # per layer per forward pass: launches and syncs not hidden by graphs
+    allreduce_latency_s: float  # fixed latency of one small all-reduce
+    comm_eff: float  # achieved fraction of interconnect bandwidth for large all-reduces
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """Typed breakdown of one forward pass (or one engine step). Units in the names."""
+
+    flops: float
+    weight_bytes: float
+    kv_read_bytes: float
+    kv_write_bytes: float
+    act_bytes: float
+    compute_s: float
+    memory_s: float
+    comm_s: float
+    overhead_s: float
+    total_s: float
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.act_bytes
+
+    def as_dict(self) -> dict[str, float]:
+        d = {f: getattr(self, f) for f in self.__slots__}
+        d["bytes"] = self.bytes
+        return d
+
+
+def efficiency_for(gpu: GPU, engine: str = "baseline") -> Efficiency:
+    """The calibrated efficiency of this GPU's family under an engine profile ("baseline":
+    default engine settings; "tuned": a tuned engine), see models.calibration."""
+    from models.calibration import EFFICIENCY, ENGINE_PROFILES
+
+    if engine not in ENGINE_PROFILES:
+        raise ConfigError(f"unknown engine profile '{engine}' (known: {', '.join(ENGINE_PROFILES)})")
+    return EFFICIENCY.get((gpu.family, engine), EFFICIENCY[("hopper", engine)])
+
+
+class CostModel:
+    """Step-cost calculator for one deployment: model x formats x GPU x tensor parallelism.
+
+    Construction precomputes per-GPU constants; `step()` and `step_sums()` are cheap enough to
+    call once per simulated engine step.
+    """
+
+    def __init__(
+        self,
+        model: LLM | str,
+        gpu: GPU | str,
+        tp: int = 1,
+        weights: WeightFormat | str = "bf16",
+        kv_cache: KVFormat | str = "bf16",
+        efficiency: Efficiency | None = None,
+        engine: str = "baseline",
+    ) -> None:
+        self.model = get_model(model) if isinstance(model, str) else model
+        self.gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
+        self.weights = get_weight_format(weights) if isinstance(weights, str) else weights
+        self.kv = get_kv_format(kv_cache) if isinstance(kv_cache, str) else kv_cache
+        self.tp = check_tp(self.model, tp)
+        self.eff = efficiency or efficiency_for(self.gpu, engine)
+        m, g, e = self.model, self.gpu, self.eff
+
+        self.peak = peak_flops(g, self.weights)
+        self.mfu_max = e.mfu_max if self.weights.name == "bf16" else e.mfu_max_quant
+        self.bw = g.mem_bw_bytes_s * e.bw_eff
+        # weights per GPU; for MoE the routed experts are split out (only touched experts are read)
+        total_w = weight_bytes(m, self.weights) / tp
+        expert_w = m.expert_params * self.weights.bytes_per_param / tp
+        self.dense_weight_bytes = total_w - expert_w
+        self.expert_weight_bytes = expert_w
+        self.weight_bytes_per_gpu = total_w
+        self.flops_per_token = 2.0 * m.matmul_params_active * self.weights.dequant_flops_factor / tp
+        self.attn_flops_per_pair = 4.0 * m.num_layers * m.num_heads * m.head_dim / tp
+        kv_heads_gpu = max(1.0, m.num_kv_heads / tp)  # KV heads are replicated when tp > kv_heads
+        self.kv_bytes_per_token_gpu = 2 * m.num_layers * kv_heads_gpu * m.head_dim * self.kv.bytes_per_element
+        # activation traffic per token: replicated hidden-size tensors (norms, residual) plus the
+        # sharded projections' inputs and outputs, read once and written once
+        d, ff = m.hidden_size, m.intermediate_size
+        q_kv = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim
+        self.act_bytes_per_token = m.num_layers * ACT_BYTES * (4 * d + (q_kv + d + 3 * ff + d * 2) / tp)
+        self.n_allreduce = 0 if tp == 1 else 2 * m.num_layers
+        self.ring_factor = 2.0 * (tp - 1) / tp
+        self.comm_bw = g.interconnect_bytes_s * e.comm_eff
+        self.pass_overhead_s = m.num_layers * e.layer_overhead_s
+
+    # ------------------------------------------------------------------ core
+    def step_sums(
+        self,
+        num_seqs: int,
+        tokens: float,
+        context_tokens: float,
+        attn_pairs: float,
+        *,
+        step_overhead: bool = True,
+    ) -> StepCost:
+        """Cost from the batch's sums: sequences, new tokens, cached tokens read, and attention
+        (query, key) pairs = sum(new * context + new * (new + 1) / 2)."""
+        if tokens <= 0:
+            return _ZERO
+        m, e = self.model, self.eff
+        flops = self.flops_per_token * tokens + self.attn_flops_per_pair * attn_pairs
+        w = self.dense_weight_bytes
+        if self.expert_weight_bytes:
+            touched = 1.0 - (1.0 - m.experts_per_token / m.num_experts) ** tokens
+            w += self.expert_weight_bytes * touched
+        kv_r = self.kv_bytes_per_token_gpu * context_tokens
+        kv_w = self.kv_bytes_per_token_gpu * tokens
+        act = self.act_bytes_per_token * tokens
+        mfu = self.mfu_max * tokens / (tokens + e.mfu_half_tokens)
+        # two kernel classes, each its own roofline: the linear layers (weights, activations) and
+        # attention (KV cache); a step is the sum, since they run one after the other
+        lin_c = self.flops_per_token * tokens / (self.peak * mfu)
+        attn_c = self.attn_flops_per_pair * attn_pairs / (self.peak * mfu)
+        lin_m = (w + act) / self.bw
+        attn_m = (kv_r + kv_w) / self.bw
+        compute_s = lin_c + attn_c
+        memory_s = lin_m + attn_m
+        busy = (lin_c if lin_c > lin_m else lin_m) + (attn_c if attn_c > attn_m else attn_m)
+        if self.n_allreduce:
+            payload = tokens * m.hidden_size * ACT_BYTES
+            comm_s = self.n_allreduce * (e.allreduce_latency_s + self.ring_factor * payload / self.comm_bw)
+        else:
+            comm_s = 0.0
+        overhead_s = self.pass_overhead_s + (e.step_overhead_s if step_overhead else 0.0)
+        total = busy + comm_s + overhead_s
+        return StepCost(flops, w, kv_r, kv_w, act, compute_s, memory_s, comm_s, overhead_s, total)
+
+    def step(self, new_tokens: np.ndarray | list[int], context: np.ndarray | list[int], *, step_overhead: bool = True) -> StepCost:
+        """Cost of one forward pass over a batch: per sequence, new tokens and cached tokens."""
+        n = np.asarray(new_tokens, dtype=np.float64)
+        c = np.asarray(context, dtype=np.float64)
+        if n.shape != c.shape:
+            raise ConfigError("new_tokens and context must have one entry per sequence")
+        if n.size and (n.min() < 0 or c.min() < 0):
+            raise ConfigError("new_tokens and context must be >= 0")
+        pairs = float(np.dot(n, c) + 0.5 * np.dot(n, n + 1.0))
+        return self.step_sums(int(np.count_nonzero(n)), float(n.sum()), float(c[n > 0].sum()), pairs, step_overhead=step_overhead)
+
+    def uniform(self, batch: int, context: int, new_tokens: int = 1, *, step_overhead: bool = True) -> StepCost:
+        """Cost of a batch of identical sequences (the what-if calculator's case)."""
+        pairs = batch * (new_tokens * context + new_tokens * (new_tokens + 1) / 2)
+        return self.step_sums(batch, batch * new_tokens, batch * context, pairs, step_overhead=step_overhead)
+
+
+_ZERO = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def check_tp(model: LLM, tp: int) -> int:
+    """Tensor-parallel degree must be >= 1 and divide the attention heads (and the KV heads, or
+    be a multiple of them, in which case KV heads are replicated)."""
+    if not isinstance(tp, (int, np.integer)) or tp < 1:
+        raise ConfigError(f"tensor_parallel must be a positive integer, got {tp!r}")
+    if model.num_heads % tp:
+        divisors = [d for d in range(1, model.num_heads + 1) if model.num_heads % d == 0 and d <= 16]
+        raise ConfigError(
+            f"tensor_parallel={tp} does not divide {model.name}'s {model.num_heads} attention heads; "
+            f"use one of {divisors}"
+        )
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise ConfigError(
+            f"tensor_parallel={tp} neither divides nor is a multiple of {model.name}'s "
+            f"{model.num_kv_heads} KV heads"
+        )
+    return int(tp)
+
+
+class ServiceTimeCost:
+    """A stand-in cost model whose every step lasts a given service time (constant or
+    exponential), independent of the batch. For validating the engine against M/D/1 and M/M/1:
+    with max_num_seqs = 1 and one output token per request, each request is one step."""
+
+    def __init__(self, like: CostModel, mean_s: float, dist: str = "constant", rng: np.random.Generator | None = None) -> None:
+        if dist not in ("constant", "exponential"):
+            raise ConfigError(f"service dist must be 'constant' or 'exponential', got {dist!r}")
+        self.model, self.gpu, self.tp, self.weights, self.kv, self.eff = like.model, like.gpu, like.tp, like.weights, like.kv, like.eff
+        self.kv_bytes_per_token_gpu = like.kv_bytes_per_token_gpu
+        self.mean_s, self.dist = mean_s, dist
+        self.rng = rng or np.random.default_rng(0)
+
+    def step_sums(self, num_seqs: int, tokens: float, context_tokens: float, attn_pairs: float, *, step_overhead: bool = True) -> StepCost:
+        t = self.mean_s if self.dist == "constant" else float(self.rng.exponential(self.mean_s))
+        return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, t)

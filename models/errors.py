@@ -1,0 +1,16 @@
+"""The one error type users see: a one-line message naming the field and the fix."""
+
+from __future__ import annotations
+
+import difflib
+
+
+class ConfigError(ValueError):
+    """Bad input (config, trace, command line). Its message is one line, meant for a human."""
+
+
+def unknown(kind: str, name: str, choices: list[str] | tuple[str, ...]) -> ConfigError:
+    """An error for an unknown catalogue name, suggesting the nearest known one."""
+    near = difflib.get_close_matches(str(name).lower(), [c.lower() for c in choices], n=1, cutoff=0.4)
+    hint = f"; did you mean '{near[0]}'?" if near else ""
+    return ConfigError(f"unknown {kind} '{name}'{hint} (known: {', '.join(choices)})")

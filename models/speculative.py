@@ -1,0 +1,83 @@
+"""Speculative decoding, analytically: acceptance, tokens per verification, improvement factor.
+
+With per-token acceptance a (each drafted token accepted independently with probability a, the
+first rejection ending the run) and k drafted tokens, a verification emits the accepted prefix
+plus one token from the target (the correction, or the bonus token when all k are accepted):
+
+    E[tokens per verify step] = (1 - a^(k+1)) / (1 - a)                    (Leviathan et al. 2023)
+    improvement factor        = E[tokens] / (k c + 1)      c = draft pass / target pass
+
+With per-position decay d (position i accepted with a d^(i-1), for draft heads whose later
+positions accept less) the survival probabilities are the running products of a d^(i-1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def expected_tokens(a: np.ndarray | float, k: int, decay: float = 1.0) -> np.ndarray:
+    """Mean tokens emitted per verification (accepted + 1), elementwise in a."""
+    a = np.asarray(a, dtype=np.float64)
+    if k <= 0:
+        return np.ones_like(a)
+    if decay == 1.0:
+        out = np.where(np.isclose(a, 1.0), k + 1.0, (1.0 - a ** (k + 1)) / np.where(np.isclose(a, 1.0), 1.0, 1.0 - a))
+        return out
+    surv = np.ones_like(a)
+    total = np.ones_like(a)
+    for i in range(k):
+        surv = surv * a * decay**i
+        total = total + surv
+    return total
+
+
+def expected_tokens_table(a: np.ndarray, k_max: int, decay: float = 1.0) -> np.ndarray:
+    """E[tokens] for each sequence (rows) and each k = 0..k_max (columns)."""
+    a = np.asarray(a, dtype=np.float64)
+    out = np.ones((a.size, k_max + 1))
+    surv = np.ones_like(a)
+    for i in range(k_max):
+        surv = surv * a * decay**i
+        out[:, i + 1] = out[:, i] + surv
+    return out
+
+
+def sample_accepted(rng: np.random.Generator, a: np.ndarray, k: int, decay: float = 1.0) -> np.ndarray:
+    """Accepted drafted tokens per sequence, each in [0, k]: a truncated geometric draw.
+
+    Vectorised: k uniforms per sequence, accepted = number of leading positions that pass.
+    """
+    a = np.asarray(a, dtype=np.float64)
+    if k <= 0 or a.size == 0:
+        return np.zeros(a.size, dtype=np.int64)
+    p = a[:, None] * (decay ** np.arange(k))[None, :]
+    passed = rng.random((a.size, k)) < p
+    # index of the first failure (k when all pass)
+    return np.where(passed.all(axis=1), k, np.argmin(passed, axis=1)).astype(np.int64)
+
+
+def improvement_factor(a: float, k: int, c: float) -> float:
+    """Leviathan et al.'s expected walltime improvement of speculative over plain decoding."""
+    return float(expected_tokens(a, k)) / (k * c + 1.0)
+
+
+def beta_params(mean: float, spread: float) -> tuple[float, float]:
+    """Beta(alpha, beta) with this mean and standard deviation `spread` (0 < spread^2 < m(1-m))."""
+    var = spread * spread
+    common = mean * (1.0 - mean) / var - 1.0
+    return mean * common, (1.0 - mean) * common
+
+
+def sample_acceptance(rng: np.random.Generator, mean: np.ndarray, spread: np.ndarray) -> np.ndarray:
+    """Per-request acceptance rates: Beta draws around each class mean (spread 0 = the mean)."""
+    mean = np.asarray(mean, dtype=np.float64)
+    spread = np.asarray(spread, dtype=np.float64)
+    out = mean.copy()
+    draw = spread > 0
+    if draw.any():
+        m, s = mean[draw], spread[draw]
+        var = np.minimum(s * s, 0.999 * m * (1.0 - m))
+        common = m * (1.0 - m) / var - 1.0
+        out[draw] = rng.beta(m * common, (1.0 - m) * common)
+    return np.clip(out, 0.0, 0.999)

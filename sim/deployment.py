@@ -1,0 +1,167 @@
+"""From a validated scenario to the runtime pieces of one replica: cost models, memory plan,
+draft, quality and price. Cross-field checks live here (they need the catalogues)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from models.catalog import LLM, get_gpu, get_model, get_weight_format, weight_bytes
+from models.cost import CostModel, check_tp
+from models.errors import ConfigError
+from models.memory import MemoryPlan, plan_memory
+from models.quality import Retraining, default_retrain_gpu_hours, distill_quality, quant_quality
+
+if TYPE_CHECKING:
+    from sim.scenario import Scenario
+
+MAX_MODEL_LEN = 131072  # Llama-3.1 / Qwen2.5 context length; requests longer are rejected
+
+
+def eagle_head(target: LLM) -> LLM:
+    """An EAGLE-style draft head: one decoder layer of the target plus the target's LM head."""
+    d, ff, kvd = target.hidden_size, target.intermediate_size, target.num_kv_heads * target.head_dim
+    layer = 2 * d * d + 2 * d * kvd + 3 * d * ff + 2 * d + 2 * d * d  # + fc fusing 2d -> d
+    params = layer + target.vocab_size * d
+    return LLM(f"eagle-head({target.name})", "", 1, d, target.num_heads, target.num_kv_heads, target.head_dim,
+               ff, target.vocab_size, True, params, params, target.tokenizer_family,
+               source="one decoder layer of the target + LM head (EAGLE, arXiv 2401.15077)")
+
+
+@dataclass(frozen=True)
+class SpecRuntime:
+    method: str
+    k: int
+    policy: str
+    disable_batch_size: int
+    decay: float
+    draft_cost: CostModel | None  # None for ngram
+    dedicated: bool
+    overhead_frac_at_2: float
+    overhead_frac_per_seq: float
+
+
+@dataclass(frozen=True)
+class ReplicaRuntime:
+    """Everything one replica's engine needs, shared by all replicas of a scenario."""
+
+    cost: CostModel
+    plan: MemoryPlan
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    spec: SpecRuntime | None
+    num_replicas: int
+    gpus_per_replica: int
+    max_model_len: int
+    quality: tuple[float, float]  # (in-distribution, tail), relative to the full-precision teacher
+    retraining: Retraining | None
+    usd_per_gpu_hour: float
+    extras: dict[str, float] = field(default_factory=dict)
+
+
+def _draft_model(sc: Scenario) -> LLM | None:
+    spec = sc.speculative
+    if spec is None or spec.method == "ngram":
+        return None
+    target = get_model(sc.deployment.model)
+    if spec.method == "eagle":
+        return eagle_head(target)
+    assert spec.draft_model is not None
+    return get_model(spec.draft_model)
+
+
+def check_scenario(sc: Scenario) -> None:
+    """Cross-field checks that need the catalogues; raises ValueError (shown with its field)."""
+    dep = sc.deployment
+    target = get_model(dep.model)
+    gpu = get_gpu(sc.rack.gpu)
+    if get_weight_format(dep.weights).compute == "fp8" and gpu.fp8_flops is None:
+        raise ValueError(f"deployment.weights 'fp8' needs FP8 tensor cores, which {gpu.name} lacks; use 'int8' or 'int4'")
+    try:
+        check_tp(target, dep.tensor_parallel)
+    except ConfigError as err:
+        raise ValueError(f"deployment.{err}") from None
+    spec = sc.speculative
+    draft_gpus = 0
+    if spec is not None:
+        if spec.method == "draft_model":
+            draft = get_model(spec.draft_model or "")
+            if draft.tokenizer_family != target.tokenizer_family:
+                raise ValueError(
+                    f"speculative.draft_model '{draft.name}' uses the {draft.tokenizer_family} tokenizer, "
+                    f"target '{target.name}' the {target.tokenizer_family} one; pick a draft of the same family"
+                )
+            if draft.params_total >= target.params_total:
+                raise ValueError(f"speculative.draft_model '{draft.name}' is not smaller than the target '{target.name}'")
+        if spec.placement == "dedicated":
+            draft_gpus = spec.draft_gpus
+            if spec.method == "ngram":
+                raise ValueError("speculative.placement 'dedicated' makes no sense for 'ngram' (no draft model)")
+    per_replica = dep.tensor_parallel + draft_gpus
+    if per_replica > sc.rack.num_gpus:
+        what = f" + {draft_gpus} dedicated draft GPU(s)" if draft_gpus else ""
+        raise ValueError(
+            f"rack.num_gpus={sc.rack.num_gpus} cannot hold one replica of tensor_parallel={dep.tensor_parallel}{what}; "
+            f"use num_gpus >= {per_replica}"
+        )
+    if dep.distilled_from:
+        teacher = get_model(dep.distilled_from)
+        if teacher.params_total <= target.params_total:
+            raise ValueError(f"deployment.distilled_from '{teacher.name}' must be larger than the student '{target.name}'")
+    # memory must fit (raises ConfigError with the shortfall)
+    build_runtime(sc)
+
+
+def build_runtime(sc: Scenario) -> ReplicaRuntime:
+    dep = sc.deployment
+    gpu = get_gpu(sc.rack.gpu)
+    cost = CostModel(dep.model, gpu, dep.tensor_parallel, dep.weights, dep.kv_cache, engine=dep.engine)
+    spec_rt = None
+    extra_bytes = 0.0
+    extra_kv = 0.0
+    draft_gpus = 0
+    dm = _draft_model(sc)
+    spec = sc.speculative
+    if spec is not None:
+        draft_cost = None
+        if dm is not None:
+            if spec.placement == "dedicated":
+                draft_gpus = spec.draft_gpus
+                tp_d = spec.draft_gpus if dm.num_heads % spec.draft_gpus == 0 else 1
+                draft_cost = CostModel(dm, gpu, tp_d, dep.weights, dep.kv_cache, engine=dep.engine)
+            else:
+                draft_cost = CostModel(dm, gpu, dep.tensor_parallel, dep.weights, dep.kv_cache, engine=dep.engine)
+                extra_bytes = weight_bytes(dm, get_weight_format(dep.weights)) / dep.tensor_parallel
+                extra_kv = draft_cost.kv_bytes_per_token_gpu
+        spec_rt = SpecRuntime(spec.method, spec.num_speculative_tokens, spec.policy, spec.disable_batch_size,
+                              spec.acceptance_decay, draft_cost, spec.placement == "dedicated",
+                              spec.overhead_frac_at_2, spec.overhead_frac_per_seq)
+    plan = plan_memory(cost, gpu_memory_utilization=dep.gpu_memory_utilization,
+                       max_num_batched_tokens=dep.max_num_batched_tokens, max_num_seqs=dep.max_num_seqs,
+                       extra_bytes=extra_bytes, extra_kv_bytes_per_token=extra_kv)
+    per_replica = dep.tensor_parallel + draft_gpus
+    replicas = sc.rack.num_gpus // per_replica
+    price = sc.rack.usd_per_gpu_hour if sc.rack.usd_per_gpu_hour is not None else gpu.usd_per_gpu_hour
+
+    q_in, q_tail = quant_quality(dep.weights, dep.kv_cache)
+    retraining = None
+    if dep.distilled_from:
+        d_in, d_tail = distill_quality(dep.model, dep.distilled_from)
+        dist = dep.distillation
+        d_in = dist.quality_in_distribution or d_in
+        d_tail = dist.quality_tail or d_tail
+        q_in, q_tail = q_in * d_in, q_tail * d_tail
+        hours = dist.gpu_hours_per_run
+        if hours is None:
+            hours = default_retrain_gpu_hours(get_model(dep.model).params_total)
+        retraining = Retraining(dist.teacher_updates_per_month, hours, price, dist.stale_days, dist.stale_quality_loss)
+    if dep.quality_in_distribution is not None:
+        q_in = dep.quality_in_distribution
+    if dep.quality_tail is not None:
+        q_tail = dep.quality_tail
+    return ReplicaRuntime(
+        cost=cost, plan=plan, max_num_seqs=dep.max_num_seqs, max_num_batched_tokens=dep.max_num_batched_tokens,
+        spec=spec_rt, num_replicas=replicas, gpus_per_replica=per_replica,
+        max_model_len=min(MAX_MODEL_LEN, plan.kv_capacity_tokens), quality=(q_in, q_tail),
+        retraining=retraining, usd_per_gpu_hour=price,
+    )

@@ -1,0 +1,332 @@
+"""One continuous-batching engine per replica: a SimPy process, one timeout per engine step.
+
+Each step, in this order (vLLM v1-like):
+1. decode: every running sequence whose prompt is fully computed gets 1 new token (k+1 when
+   speculating: k drafted tokens verified plus one from the target); KV blocks for them are
+   reserved, preempting the youngest sequences (recompute) while blocks run short;
+2. prefill: the token budget left (max_num_batched_tokens) goes to partly prefilled sequences in
+   admission order, then to waiting requests (FCFS) while a slot (max_num_seqs) and blocks exist;
+3. the step lasts the cost model's time for that batch (plus draft passes and machinery overhead
+   when speculating); at its end tokens are emitted, finished sequences leave.
+
+State lives in fixed-size numpy slot arrays, so per-step work is independent of history.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+import numpy as np
+import simpy
+from scipy import stats
+
+from models.memory import BLOCK_SIZE
+from models.speculative import expected_tokens_table, sample_accepted
+
+if TYPE_CHECKING:
+    from sim.deployment import ReplicaRuntime
+
+STEP_COLUMNS = (
+    "replica", "start_s", "duration_s", "batch_size", "decode_seqs", "prefill_tokens", "decode_tokens", "emitted_tokens",
+    "k", "kv_blocks_used", "waiting", "flops", "bytes", "target_s", "draft_s", "spec_overhead_s",
+)
+
+
+class StepLog:
+    """Growable column store for the step table (amortised O(1) appends)."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.n = 0
+        self.data = np.zeros((capacity, len(STEP_COLUMNS)))
+
+    def append(self, row: tuple[float, ...]) -> None:
+        if self.n == self.data.shape[0]:
+            self.data = np.concatenate([self.data, np.zeros_like(self.data)])
+        self.data[self.n] = row
+        self.n += 1
+
+    def table(self) -> np.ndarray:
+        return self.data[: self.n]
+
+
+class Requests:
+    """The request table as arrays, plus what the simulation fills in."""
+
+    def __init__(self, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, acceptance: np.ndarray) -> None:
+        n = arrival.size
+        self.arrival = arrival
+        self.prompt = prompt
+        self.output = output
+        self.acceptance = acceptance
+        self.first_token = np.full(n, np.nan)
+        self.completion = np.full(n, np.nan)
+        self.scheduled = np.full(n, np.nan)  # first time a step included it
+        self.replica = np.full(n, -1, dtype=np.int64)
+        self.preemptions = np.zeros(n, dtype=np.int64)
+        self.proposed = np.zeros(n, dtype=np.int64)
+        self.accepted = np.zeros(n, dtype=np.int64)
+        self.generated = np.zeros(n, dtype=np.int64)  # kept across preemptions (recompute)
+        self.verify_steps = np.zeros(n, dtype=np.int64)
+
+
+class Replica:
+    """A tensor-parallel replica running a continuous-batching engine loop."""
+
+    def __init__(self, env: simpy.Environment, idx: int, rt: ReplicaRuntime, reqs: Requests,
+                 rng: np.random.Generator, log: StepLog) -> None:
+        self.env, self.idx, self.rt, self.reqs, self.rng, self.log = env, idx, rt, reqs, rng, log
+        s = rt.max_num_seqs
+        self.rid = np.full(s, -1, dtype=np.int64)
+        self.computed = np.zeros(s, dtype=np.int64)  # tokens whose KV is computed
+        self.target = np.zeros(s, dtype=np.int64)  # tokens to prefill before decoding
+        self.blocks = np.zeros(s, dtype=np.int64)
+        self.order = np.zeros(s, dtype=np.int64)  # admission sequence number
+        self.acc = np.zeros(s)
+        self.acc_est_num = np.zeros(s)
+        self.acc_est_den = np.zeros(s)
+        self.free_blocks = rt.plan.num_blocks
+        self.waiting: deque[int] = deque()
+        self.n_running = 0
+        self.admitted = 0
+        self.wakeup = env.event()
+        self.idle = True
+        self.busy_s = 0.0
+        self.proc = env.process(self.run())
+
+    # ------------------------------------------------------------- routing
+    def outstanding(self) -> int:
+        return self.n_running + len(self.waiting)
+
+    def submit(self, rid: int) -> None:
+        self.waiting.append(rid)
+        self.reqs.replica[rid] = self.idx
+        if self.idle and not self.wakeup.triggered:
+            self.wakeup.succeed()
+
+    # ------------------------------------------------------------- helpers
+    def _preempt(self, slot: int) -> None:
+        rid = int(self.rid[slot])
+        self.free_blocks += int(self.blocks[slot])
+        self.rid[slot] = -1
+        self.blocks[slot] = 0
+        self.computed[slot] = 0
+        self.n_running -= 1
+        self.reqs.preemptions[rid] += 1
+        self.waiting.appendleft(rid)
+
+    def _choose_k(self, dec: np.ndarray) -> int:
+        spec = self.rt.spec
+        if spec is None:
+            return 0
+        if spec.policy == "fixed":
+            return spec.k
+        if spec.policy == "disable_above_batch":
+            return 0 if self.n_running > spec.disable_batch_size else spec.k
+        # adaptive: maximise expected emitted tokens per second of step time, k = 0..k_max
+        if not dec.any():
+            return 0
+        est = (self.acc_est_num[dec] + 0.7 * 4.0) / (self.acc_est_den[dec] + 4.0)
+        exp_tokens = expected_tokens_table(est, spec.k, spec.decay).sum(axis=0)
+        n = int(dec.sum())
+        ctx = float(self.computed[dec].sum())
+        best_k, best = 0, -1.0
+        for k in range(spec.k + 1):
+            t = self._spec_cost(n, ctx, k, 0, 0.0, 0.0, 0.0)[0]
+            rate = exp_tokens[k] / t
+            if rate > best * (1.0 + 1e-9):
+                best_k, best = k, rate
+        return best_k
+
+    def _spec_cost(self, n_dec: int, ctx_dec: float, k: int, n_pre: int, pre_tokens: float,
+                   pre_ctx: float, pre_pairs: float) -> tuple[float, float, float, float, float, float]:
+        """(total_s, target_s, draft_s, overhead_s, flops, bytes) of a step."""
+        rt = self.rt
+        q = k + 1
+        tokens = n_dec * q + pre_tokens
+        pairs = ctx_dec * q + n_dec * q * (q + 1) / 2.0 + pre_pairs
+        tc = rt.cost.step_sums(n_dec + n_pre, tokens, ctx_dec + pre_ctx, pairs)
+        flops, nbytes = tc.flops, tc.bytes
+        draft_s = 0.0
+        over = 0.0
+        spec = rt.spec
+        if spec is not None:
+            dc = spec.draft_cost
+            if dc is not None:
+                if k > 0 and n_dec:
+                    # k autoregressive draft passes over the decoding sequences (weights and KV
+                    # read each pass); the first also ingests the last verified token
+                    for i in range(k):
+                        d = dc.step_sums(n_dec, n_dec * (2 if i == 0 else 1), ctx_dec + i * n_dec,
+                                         ctx_dec + n_dec * (i + 1.0), step_overhead=False)
+                        draft_s += d.total_s
+                        flops += d.flops
+                        nbytes += d.bytes
+                if pre_tokens:
+                    d = dc.step_sums(n_pre, pre_tokens, pre_ctx, pre_pairs, step_overhead=False)
+                    draft_s += d.total_s
+                    flops += d.flops
+                    nbytes += d.bytes
+            over = tc.total_s * (spec.overhead_frac_at_2 + spec.overhead_frac_per_seq * max(0, self.n_running - 2))
+        return tc.total_s + draft_s + over, tc.total_s, draft_s, over, flops, nbytes
+
+    # ------------------------------------------------------------- engine loop
+    def run(self):
+        env, rt, reqs = self.env, self.rt, self.reqs
+        budget_max = rt.max_num_batched_tokens
+        spec = rt.spec
+        while True:
+            if self.n_running == 0 and not self.waiting:
+                self.idle = True
+                self.wakeup = env.event()
+                yield self.wakeup
+                self.idle = False
+            active = self.rid >= 0
+            dec = active & (self.computed >= self.target)
+            k = self._choose_k(dec)
+            q = k + 1
+            # 1. reserve KV blocks for decode tokens, preempting the youngest while short
+            while True:
+                need = np.where(dec, -(-(self.computed + q) // BLOCK_SIZE) - self.blocks, 0)
+                need_total = int(need.sum())
+                if need_total <= self.free_blocks:
+                    break
+                cand = np.flatnonzero(self.rid >= 0)
+                victim = int(cand[np.argmax(self.order[cand])])
+                self._preempt(victim)
+                dec[victim] = False
+            if need_total:
+                self.blocks += need
+                self.free_blocks -= need_total
+            n_dec = int(dec.sum())
+            budget = budget_max - n_dec * q
+            # 2. prefill chunks: partial prefills (oldest first), then new admissions (FCFS)
+            chunk_slots: list[int] = []
+            chunks: list[int] = []
+            partial = np.flatnonzero((self.rid >= 0) & (self.computed < self.target))
+            if partial.size:
+                partial = partial[np.argsort(self.order[partial], kind="stable")]
+            for slot in partial:
+                if budget <= 0:
+                    break
+                c = self._fit_chunk(int(slot), budget)
+                if c <= 0:
+                    break
+                chunk_slots.append(int(slot))
+                chunks.append(c)
+                budget -= c
+            while budget > 0 and self.waiting and self.n_running < rt.max_num_seqs and self.free_blocks > 0:
+                rid = self.waiting[0]
+                slot = int(np.argmin(self.rid))  # a free slot holds -1
+                # admit only if the first chunk gets at least one block
+                self.waiting.popleft()
+                self.rid[slot] = rid
+                self.computed[slot] = 0
+                self.blocks[slot] = 0
+                self.target[slot] = reqs.prompt[rid] + reqs.generated[rid]
+                self.order[slot] = self.admitted
+                self.acc[slot] = reqs.acceptance[rid]
+                self.acc_est_num[slot] = reqs.accepted[rid]
+                self.acc_est_den[slot] = reqs.proposed[rid]
+                self.admitted += 1
+                self.n_running += 1
+                c = self._fit_chunk(slot, budget)
+                if np.isnan(reqs.scheduled[rid]):
+                    reqs.scheduled[rid] = env.now
+                chunk_slots.append(slot)
+                chunks.append(c)
+                budget -= c
+            n_pre = len(chunk_slots)
+            if n_dec == 0 and n_pre == 0:
+                # nothing fits (KV exhausted by partial prefills): preempt the youngest and retry
+                cand = np.flatnonzero(self.rid >= 0)
+                if cand.size:
+                    self._preempt(int(cand[np.argmax(self.order[cand])]))
+                continue
+            cs = np.asarray(chunk_slots, dtype=np.int64)
+            ch = np.asarray(chunks, dtype=np.float64)
+            pre_ctx_arr = self.computed[cs].astype(np.float64)
+            pre_tokens = float(ch.sum())
+            pre_ctx = float(pre_ctx_arr.sum())
+            pre_pairs = float(np.dot(ch, pre_ctx_arr) + 0.5 * np.dot(ch, ch + 1.0))
+            ctx_dec = float(self.computed[dec].sum())
+            total_s, target_s, draft_s, over_s, flops, nbytes = self._spec_cost(
+                n_dec, ctx_dec, k, n_pre, pre_tokens, pre_ctx, pre_pairs)
+            start = env.now
+            yield env.timeout(total_s)
+            self.busy_s += total_s
+            now = env.now
+            # 3a. decode / verification results
+            emitted_total = 0
+            if n_dec:
+                ds = np.flatnonzero(dec)
+                rids = self.rid[ds]
+                left = reqs.output[rids] - reqs.generated[rids]
+                if spec is not None and k > 0:
+                    acc = sample_accepted(self.rng, self.acc[ds], k, spec.decay)
+                    emit = np.minimum(acc + 1, left)
+                    used = np.minimum(acc, emit)
+                    reqs.proposed[rids] += k
+                    reqs.accepted[rids] += used
+                    reqs.verify_steps[rids] += 1
+                    self.acc_est_num[ds] += used
+                    self.acc_est_den[ds] += k
+                else:
+                    emit = np.minimum(1, left)
+                reqs.generated[rids] += emit
+                self.computed[ds] += emit
+                emitted_total += int(emit.sum())
+                # release blocks reserved for rejected draft tokens
+                keep = -(-self.computed[ds] // BLOCK_SIZE)
+                self.free_blocks += int((self.blocks[ds] - keep).sum())
+                self.blocks[ds] = keep
+            # 3b. prefill progress; a finished prefill samples one token
+            if n_pre:
+                self.computed[cs] += ch.astype(np.int64)
+                done = cs[self.computed[cs] >= self.target[cs]]
+                if done.size:
+                    rids = self.rid[done]
+                    first = reqs.generated[rids] == 0
+                    reqs.first_token[rids[first]] = now
+                    reqs.generated[rids] += 1
+                    emitted_total += int(done.size)
+            # 3c. finished sequences leave
+            fin = np.flatnonzero((self.rid >= 0) & (reqs.generated[np.maximum(self.rid, 0)] >= reqs.output[np.maximum(self.rid, 0)]))
+            if fin.size:
+                reqs.completion[self.rid[fin]] = now
+                self.free_blocks += int(self.blocks[fin].sum())
+                self.blocks[fin] = 0
+                self.rid[fin] = -1
+                self.n_running -= int(fin.size)
+            used_blocks = self.rt.plan.num_blocks - self.free_blocks
+            self.log.append((self.idx, start, total_s, n_dec + n_pre, n_dec, pre_tokens, n_dec * q, emitted_total, k,
+                             used_blocks, len(self.waiting), flops, nbytes, target_s, draft_s, over_s))
+
+    def _fit_chunk(self, slot: int, budget: int) -> int:
+        """Largest prefill chunk for this slot within the token budget and the free KV blocks;
+        reserves its blocks."""
+        remaining = int(self.target[slot] - self.computed[slot])
+        c = min(remaining, budget)
+        have = int(self.blocks[slot]) * BLOCK_SIZE - int(self.computed[slot])  # room in held blocks
+        if c > have:
+            extra_blocks = -(-(c - have) // BLOCK_SIZE)
+            if extra_blocks > self.free_blocks:
+                extra_blocks = self.free_blocks
+                c = min(c, have + extra_blocks * BLOCK_SIZE)
+            self.blocks[slot] += extra_blocks
+            self.free_blocks -= extra_blocks
+        return max(0, c)
+
+
+def acceptance_rates(cls: np.ndarray, accept_q: np.ndarray, means: np.ndarray, spreads: np.ndarray) -> np.ndarray:
+    """Per-request acceptance: the class's Beta distribution at the request's quantile."""
+    m = means[cls]
+    s = spreads[cls]
+    out = m.copy()
+    draw = s > 0
+    if draw.any():
+        mm, ss = m[draw], s[draw]
+        var = np.minimum(ss * ss, 0.999 * mm * (1.0 - mm))
+        common = mm * (1.0 - mm) / var - 1.0
+        out[draw] = stats.beta.ppf(accept_q[draw], mm * common, (1.0 - mm) * common)
+    return np.clip(out, 0.0, 0.999)

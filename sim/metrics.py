@@ -1,0 +1,98 @@
+"""Metrics as pure functions of the request and step tables. Formulas: docs/METRICS.md.
+
+Names are fixed here (`LATENCIES`, `summarise`). Warm-up is excluded: request metrics use requests
+arriving in [warmup_s, end_s); step metrics use steps starting in that window.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+PERCENTILES = (50, 90, 99)
+LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
+
+
+def dist(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float]:
+    """Mean and percentiles (optionally weighted); NaN when empty."""
+    x = np.asarray(x, dtype=np.float64)
+    if w is not None:
+        w = np.asarray(w, dtype=np.float64)
+        keep = np.isfinite(x) & (w > 0)
+        x, w = x[keep], w[keep]
+    else:
+        x = x[np.isfinite(x)]
+    if x.size == 0:
+        return {"mean": float("nan"), **{f"p{p}": float("nan") for p in PERCENTILES}}
+    if w is None:
+        pct = np.percentile(x, PERCENTILES)
+        return {"mean": float(x.mean()), **{f"p{p}": float(v) for p, v in zip(PERCENTILES, pct, strict=True)}}
+    order = np.argsort(x, kind="stable")
+    xs, ws = x[order], w[order]
+    cum = np.cumsum(ws) / ws.sum()
+    out = {"mean": float(np.dot(xs, ws) / ws.sum())}
+    for p in PERCENTILES:
+        out[f"p{p}"] = float(xs[min(np.searchsorted(cum, p / 100.0), xs.size - 1)])
+    return out
+
+
+def request_latencies(req: pd.DataFrame) -> pd.DataFrame:
+    """Per-request TTFT, end-to-end latency, TPOT and queueing delay."""
+    ttft = req.first_token_s - req.arrival_s
+    e2e = req.completion_s - req.arrival_s
+    tpot = (e2e - ttft) / (req.output_tokens - 1).where(req.output_tokens > 1)
+    return pd.DataFrame({"ttft_s": ttft, "e2e_s": e2e, "tpot_s": tpot, "queue_s": req.scheduled_s - req.arrival_s})
+
+
+def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s: float, replicas: int,
+              gpus_per_replica: int, peak_flops: float, mem_bw: float, slo_ttft_s: float, slo_itl_s: float,
+              truncated: bool, horizon_s: float) -> dict[str, Any]:
+    """The summary of one run (see docs/METRICS.md for every formula)."""
+    window = max(end_s - warmup_s, 1e-9)
+    lat = request_latencies(req)
+    meas = (req.arrival_s >= warmup_s) & (req.arrival_s < end_s)
+    done = req.completion_s.notna()
+    m = lat[meas & done]
+    st = steps[(steps.start_s >= warmup_s) & (steps.start_s < end_s)]
+    s: dict[str, Any] = {}
+    s["ttft_s"] = dist(m.ttft_s.to_numpy())
+    s["tpot_s"] = dist(m.tpot_s.to_numpy())
+    # ITL as vLLM's benchmark measures it: the gap between successive streamed chunks of a request;
+    # with steps back to back, a decoding sequence waits one step duration per chunk
+    s["itl_s"] = dist(st.duration_s.to_numpy(), st.decode_seqs.to_numpy())
+    s["e2e_s"] = dist(m.e2e_s.to_numpy())
+    s["queue_s"] = dist(m.queue_s.to_numpy())
+    offered = int(meas.sum())
+    completed_in_window = int(((req.completion_s >= warmup_s) & (req.completion_s < end_s)).sum())
+    s["offered_requests"] = offered
+    s["completed_requests"] = int((meas & done).sum())
+    s["offered_rps"] = offered / window
+    s["throughput_rps"] = completed_in_window / window
+    s["throughput_tok_s"] = float(st.emitted_tokens.sum()) / window
+    good = (m.ttft_s <= slo_ttft_s) & ((m.tpot_s <= slo_itl_s) | m.tpot_s.isna())
+    s["goodput_rps"] = float(good.sum()) / window
+    s["slo_attainment"] = float(good.mean()) if len(m) else float("nan")
+    gpu_time = window * replicas
+    s["gpu_busy_fraction"] = float(st.duration_s.sum()) / gpu_time
+    s["mfu"] = float(st.flops.sum()) / (gpu_time * peak_flops)
+    s["hbm_bw_utilisation"] = float(st.bytes.sum()) / (gpu_time * mem_bw)
+    dur = st.duration_s.to_numpy()
+    s["mean_batch_size"] = float(np.dot(st.batch_size, dur) / dur.sum()) if dur.sum() > 0 else 0.0
+    s["preemptions"] = int(req.preemptions.sum())
+    prop = float(req.draft_proposed.sum())
+    s["acceptance_rate"] = float(req.draft_accepted.sum()) / prop if prop else float("nan")
+    vs = float(req.verify_steps.sum())
+    s["tokens_per_step"] = (float(req.draft_accepted.sum()) + vs) / vs if vs else 1.0
+    busy = float(steps.duration_s.sum())
+    s["draft_share"] = float(steps.draft_s.sum()) / busy if busy else 0.0
+    s["spec_overhead_share"] = float(steps.spec_overhead_s.sum()) / busy if busy else 0.0
+    # stability: everything offered finished before the horizon, no early stop, and completions
+    # kept pace with arrivals in the measurement window
+    unfinished = int((~done).sum())
+    s["backlog"] = unfinished
+    s["stable"] = bool(not truncated and unfinished == 0 and completed_in_window >= 0.95 * offered)
+    s["truncated"] = bool(truncated)
+    s["horizon_s"] = float(horizon_s)
+    return s

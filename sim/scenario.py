@@ -1,0 +1,312 @@
+"""Scenario files: TOML validated into typed, frozen objects; the same objects from Python.
+
+Every validation error becomes one line naming the dotted field, the bad value and what is
+allowed (`ConfigError`). `load_scenario(path, overrides)` applies `--set a.b=value` overrides
+before validation.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from models.catalog import GPUS, KV_FORMATS, MODELS, WEIGHT_FORMATS
+from models.errors import ConfigError, unknown
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Fixed(_Strict):
+    dist: Literal["fixed"]
+    value: Annotated[int, Field(ge=1)]
+
+
+class LogNormal(_Strict):
+    dist: Literal["lognormal"]
+    median: Annotated[float, Field(gt=0)]
+    p90: Annotated[float, Field(gt=0)]
+    max: Annotated[int, Field(ge=1)] = 32768
+
+    @model_validator(mode="after")
+    def _p90_above_median(self) -> LogNormal:
+        if self.p90 <= self.median:
+            raise ValueError(f"p90 ({self.p90}) must be greater than median ({self.median})")
+        return self
+
+
+class Empirical(_Strict):
+    dist: Literal["empirical"]
+    trace: str  # a trace file in any supported format; its column of the same name is sampled
+    format: Literal["auto", "azure", "mooncake", "csv"] = "auto"
+
+
+LengthDist = Annotated[Fixed | LogNormal | Empirical, Field(discriminator="dist")]
+
+
+class TrafficClass(_Strict):
+    name: str
+    share: Annotated[float, Field(gt=0, le=1)]
+    acceptance: Annotated[float, Field(ge=0, lt=1)] | dict[str, Annotated[float, Field(ge=0, lt=1)]] = 0.8
+    acceptance_spread: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
+    tail: bool = False  # counts towards "tail" quality (hard, off-distribution traffic)
+
+    def acceptance_for(self, method: str) -> float:
+        if isinstance(self.acceptance, dict):
+            if method not in self.acceptance:
+                raise ConfigError(
+                    f"workload.classes '{self.name}': acceptance has no entry for method '{method}' "
+                    f"(has: {', '.join(self.acceptance)})"
+                )
+            return self.acceptance[method]
+        return self.acceptance
+
+
+class Rack(_Strict):
+    gpu: str = "h100-sxm"
+    num_gpus: Annotated[int, Field(ge=1)] = 8
+    usd_per_gpu_hour: Annotated[float, Field(ge=0)] | None = None  # default: the catalogue's
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu(cls, v: str) -> str:
+        if v.lower() not in GPUS:
+            raise unknown("gpu", v, tuple(GPUS))
+        return v.lower()
+
+
+class Distillation(_Strict):
+    teacher_updates_per_month: Annotated[float, Field(ge=0)] = 1.0
+    gpu_hours_per_run: Annotated[float, Field(ge=0)] | None = None  # default from models.quality
+    stale_days: Annotated[float, Field(ge=0)] = 7.0
+    stale_quality_loss: Annotated[float, Field(ge=0, le=1)] = 0.05
+    quality_in_distribution: Annotated[float, Field(gt=0, le=1)] | None = None
+    quality_tail: Annotated[float, Field(gt=0, le=1)] | None = None
+
+
+class Deployment(_Strict):
+    model: str = "llama-3.1-70b"
+    tensor_parallel: Annotated[int, Field(ge=1)] = 4
+    weights: str = "bf16"
+    kv_cache: str = "bf16"
+    max_num_seqs: Annotated[int, Field(ge=1)] = 256
+    max_num_batched_tokens: Annotated[int, Field(ge=16)] = 8192
+    router: Literal["round_robin", "least_outstanding"] = "least_outstanding"
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    engine: Literal["baseline", "tuned"] = "baseline"
+    distilled_from: str | None = None
+    distillation: Distillation = Distillation()
+    quality_in_distribution: Annotated[float, Field(gt=0, le=1)] | None = None  # override defaults
+    quality_tail: Annotated[float, Field(gt=0, le=1)] | None = None
+
+    @field_validator("model", "distilled_from")
+    @classmethod
+    def _model(cls, v: str | None) -> str | None:
+        if v is not None and v.lower() not in MODELS:
+            raise unknown("model", v, tuple(MODELS))
+        return v.lower() if v else v
+
+    @field_validator("weights")
+    @classmethod
+    def _weights(cls, v: str) -> str:
+        if v.lower() not in WEIGHT_FORMATS:
+            raise unknown("weights format", v, tuple(WEIGHT_FORMATS))
+        return v.lower()
+
+    @field_validator("kv_cache")
+    @classmethod
+    def _kv(cls, v: str) -> str:
+        if v.lower() not in KV_FORMATS:
+            raise unknown("kv_cache format", v, tuple(KV_FORMATS))
+        return v.lower()
+
+
+class Speculative(_Strict):
+    method: Literal["draft_model", "eagle", "ngram"] = "draft_model"
+    draft_model: str | None = None  # required for method = "draft_model"
+    num_speculative_tokens: Annotated[int, Field(ge=0, le=16)] = 4
+    placement: Literal["colocated", "dedicated"] = "colocated"
+    draft_gpus: Annotated[int, Field(ge=1)] = 1  # GPUs per replica's draft when dedicated
+    policy: Literal["fixed", "disable_above_batch", "adaptive"] = "fixed"
+    disable_batch_size: Annotated[int, Field(ge=1)] = 32
+    acceptance_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
+    # machinery overhead, as a fraction of the target pass: f0 + f1 x (running sequences - 2);
+    # vLLM issue 49548: +6.6% TPOT at 2 concurrent requests, +21.6% at 189
+    overhead_frac_at_2: Annotated[float, Field(ge=0)] = 0.066
+    overhead_frac_per_seq: Annotated[float, Field(ge=0)] = (0.216 - 0.066) / 187.0
+
+    @field_validator("draft_model")
+    @classmethod
+    def _draft(cls, v: str | None) -> str | None:
+        if v is not None and v.lower() not in MODELS:
+            raise unknown("draft model", v, tuple(MODELS))
+        return v.lower() if v else v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Speculative:
+        if self.method == "draft_model" and not self.draft_model:
+            raise ValueError("method 'draft_model' needs draft_model = '<catalogue model>'")
+        if self.policy == "fixed" and self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be >= 1 with policy 'fixed' (use 'adaptive' to allow 0)")
+        return self
+
+
+class Workload(_Strict):
+    arrival: Literal["poisson", "gamma", "trace"] = "poisson"
+    utilisation: Annotated[float, Field(gt=0, le=5)] | None = None
+    rate_rps: Annotated[float, Field(gt=0)] | None = None
+    cv: Annotated[float, Field(gt=0)] = 2.0  # gamma inter-arrival coefficient of variation
+    duration_s: Annotated[float, Field(gt=0)] = 600.0
+    warmup_s: Annotated[float, Field(ge=0)] = 60.0
+    num_requests: Annotated[int, Field(ge=1)] | None = None  # instead of duration_s
+    prompt_tokens: LengthDist = LogNormal(dist="lognormal", median=1020, p90=2735)
+    output_tokens: LengthDist = LogNormal(dist="lognormal", median=129, p90=424)
+    trace: str | None = None
+    trace_format: Literal["auto", "azure", "mooncake", "csv"] = "auto"
+    classes: tuple[TrafficClass, ...] = (TrafficClass(name="default", share=1.0),)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Workload:
+        if self.arrival == "trace" and not self.trace:
+            raise ValueError("arrival 'trace' needs trace = '<path to a trace file>'")
+        if self.arrival != "trace" and self.utilisation is None and self.rate_rps is None:
+            raise ValueError("set utilisation = <fraction of capacity> or rate_rps = <requests/s>")
+        if self.utilisation is not None and self.rate_rps is not None:
+            raise ValueError("set only one of utilisation and rate_rps")
+        if self.warmup_s >= self.duration_s and self.num_requests is None:
+            raise ValueError(f"warmup_s ({self.warmup_s}) must be shorter than duration_s ({self.duration_s})")
+        total = sum(c.share for c in self.classes)
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"classes' shares must add up to 1, got {total:g}")
+        if len({c.name for c in self.classes}) != len(self.classes):
+            raise ValueError("classes must have distinct names")
+        return self
+
+
+class SLO(_Strict):
+    ttft_p99_s: Annotated[float, Field(gt=0)] = 2.0
+    itl_p99_s: Annotated[float, Field(gt=0)] = 0.2
+
+
+class SimSettings(_Strict):
+    drain_s: Annotated[float, Field(ge=0)] | None = None  # default: duration_s
+    backlog_limit: Annotated[int, Field(ge=1)] | None = None  # waiting requests per replica
+
+
+class Scenario(_Strict):
+    name: str = "scenario"
+    seed: int = 1
+    rack: Rack = Rack()
+    deployment: Deployment = Deployment()
+    speculative: Speculative | None = None
+    workload: Workload = Workload(utilisation=0.5)
+    slo: SLO = SLO()
+    sim: SimSettings = SimSettings()
+
+    @model_validator(mode="after")
+    def _cross(self) -> Scenario:
+        from sim.deployment import check_scenario
+
+        check_scenario(self)
+        return self
+
+    def key(self) -> str:
+        """Content hash of the scenario (for caching and resumable sweeps)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def with_overrides(self, overrides: dict[str, Any]) -> Scenario:
+        return scenario_from_dict(apply_overrides(self.model_dump(mode="json", exclude_none=True), overrides))
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Set dotted keys (`workload.utilisation`) in a nested dict; a None value removes the key."""
+    data = copy.deepcopy(data)
+    for dotted, value in overrides.items():
+        parts = dotted.split(".")
+        node = data
+        for p in parts[:-1]:
+            if not isinstance(node.get(p, {}), dict):
+                raise ConfigError(f"--set {dotted}: '{p}' is not a table")
+            node = node.setdefault(p, {})
+        if value is None:
+            node.pop(parts[-1], None)
+        else:
+            node[parts[-1]] = value
+    if "workload" in data and "utilisation" in overrides_keys(overrides):
+        data["workload"].pop("rate_rps", None)
+    if "workload" in data and "rate_rps" in overrides_keys(overrides):
+        data["workload"].pop("utilisation", None)
+    return data
+
+
+def overrides_keys(overrides: dict[str, Any]) -> set[str]:
+    return {k.split(".")[-1] for k, v in overrides.items() if k.startswith("workload.") and v is not None}
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """`key=value` strings (value parsed as TOML, else kept as a string) to a dict."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set '{item}': expected key=value, e.g. workload.utilisation=0.7")
+        key, raw = item.split("=", 1)
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        out[key.strip()] = value
+    return out
+
+
+def _fmt_error(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-")) or "scenario"
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "extra_forbidden":
+        return f"{loc}: unknown field (remove it or check its spelling)"
+    if e["type"] == "missing":
+        return f"{loc}: missing required field"
+    bad = e.get("input")
+    shown = "" if isinstance(bad, dict) else f" (got {bad!r})"
+    return f"{loc}: {msg}{shown}"
+
+
+def scenario_from_dict(data: dict[str, Any]) -> Scenario:
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_fmt_error(err)) from None
+
+
+def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> Scenario:
+    """Read and validate a TOML scenario; relative trace paths resolve against its folder."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"scenario file not found: {p}")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{p}: invalid TOML: {err}") from None
+    wl = data.get("workload", {})
+    if isinstance(wl, dict):
+        for key in ("trace",):
+            if isinstance(wl.get(key), str) and not Path(wl[key]).is_absolute():
+                wl[key] = str((p.parent / wl[key]).resolve())
+        for key in ("prompt_tokens", "output_tokens"):
+            d = wl.get(key)
+            if isinstance(d, dict) and isinstance(d.get("trace"), str) and not Path(d["trace"]).is_absolute():
+                d["trace"] = str((p.parent / d["trace"]).resolve())
+    if overrides:
+        data = apply_overrides(data, overrides)
+    try:
+        return scenario_from_dict(data)
+    except ConfigError as err:
+        raise ConfigError(f"{p.name}: {err}") from None

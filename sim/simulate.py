@@ -1,0 +1,258 @@
+"""`simulate(scenario, seed) -> Result`: a run is a pure function; writing is a separate step.
+
+Order at equal simulated times, by construction: arrivals are scheduled URGENT, so a request
+arriving at the instant a step ends is queued before that replica plans its next step; replicas
+at the same instant go in index order (SimPy processes same-time events FIFO).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import simpy
+from simpy.events import URGENT
+
+from models.catalog import peak_flops
+from sim.deployment import ReplicaRuntime, build_runtime
+from sim.engine import STEP_COLUMNS, Replica, Requests, StepLog, acceptance_rates
+from sim.metrics import summarise
+from sim.scenario import Scenario
+from sim.workload import generate, streams
+
+VERSION = "0.1.0"
+
+
+@dataclass
+class Result:
+    scenario: Scenario
+    seed: int
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict[str, Any]
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def write(self, out: str | Path) -> Path:
+        """Write requests.parquet, steps.parquet and summary.json into `out`."""
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        self.requests.to_parquet(out / "requests.parquet", index=False)
+        self.steps.to_parquet(out / "steps.parquet", index=False)
+        (out / "summary.json").write_text(json.dumps(self.summary, indent=2, default=_json_default))
+        return out
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    raise TypeError(type(o).__name__)
+
+
+def versions() -> dict[str, str]:
+    import pandas
+    import scipy
+
+    return {"specrack": VERSION, "python": platform.python_version(), "numpy": np.__version__,
+            "simpy": simpy.__version__, "scipy": scipy.__version__, "pandas": pandas.__version__}
+
+
+def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica], router: str,
+              stop: simpy.Event, backlog_limit: int):
+    """Replay the request table: one URGENT event per distinct arrival time."""
+    n = times.size
+    i = 0
+    rr = 0
+    while i < n:
+        t = times[i]
+        if t > env.now:
+            ev = env.event()
+            ev._ok = True
+            ev._value = None
+            env.schedule(ev, URGENT, t - env.now)
+            yield ev
+        while i < n and times[i] <= env.now:
+            if router == "round_robin":
+                target = replicas[rr % len(replicas)]
+                rr += 1
+            else:
+                target = min(replicas, key=Replica.outstanding)
+            target.submit(i)
+            i += 1
+        if sum(len(r.waiting) for r in replicas) > backlog_limit and not stop.triggered:
+            stop.succeed("backlog")
+            return
+
+
+def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, *,
+              horizon_s: float | None = None, backlog_limit: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame, bool, float]:
+    """Run the engine over a request table. Returns (requests, steps, truncated, horizon)."""
+    wl = sc.workload
+    method = sc.speculative.method if sc.speculative else "draft_model"
+    means = np.array([c.acceptance_for(method) if sc.speculative else 0.0 for c in wl.classes])
+    spreads = np.array([c.acceptance_spread for c in wl.classes])
+    # requests longer than the model (or the KV cache) allows are rejected, as vLLM does
+    fits = (table.prompt_tokens + table.output_tokens) <= rt.max_model_len
+    rejected = int((~fits).sum())
+    table = table[fits].reset_index(drop=True)
+    arrival = table.arrival_s.to_numpy(np.float64)
+    acc = acceptance_rates(table.cls.to_numpy(), table.accept_q.to_numpy(), means, spreads)
+    reqs = Requests(arrival, table.prompt_tokens.to_numpy(np.int64), table.output_tokens.to_numpy(np.int64), acc)
+    env = simpy.Environment()
+    log = StepLog()
+    engine_rng = streams(seed)["engine"]
+    rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(int(engine_rng.integers(2**63))).spawn(rt.num_replicas)]
+    stop = env.event()
+    limit = backlog_limit if backlog_limit is not None else 20 * rt.max_num_seqs
+    limit *= rt.num_replicas
+    replicas: list[Replica] = []
+    env.process(_arrivals(env, arrival, replicas, sc.deployment.router, stop, limit))
+    replicas.extend(Replica(env, i, rt, reqs, rngs[i], log) for i in range(rt.num_replicas))
+    last = float(arrival[-1]) if arrival.size else 0.0
+    drain = sc.sim.drain_s if sc.sim.drain_s is not None else max(wl.duration_s, 60.0)
+    horizon = horizon_s if horizon_s is not None else last + drain
+    done_ev = env.process(_watch_done(env, reqs))
+    env.run(until=simpy.AnyOf(env, [stop, env.timeout(horizon), done_ev]))
+    truncated = stop.triggered
+    req_df = pd.DataFrame({
+        "id": table.id.to_numpy(), "cls": table.cls.to_numpy(), "replica": reqs.replica,
+        "arrival_s": arrival, "scheduled_s": reqs.scheduled, "first_token_s": reqs.first_token,
+        "completion_s": reqs.completion, "prompt_tokens": reqs.prompt, "output_tokens": reqs.output,
+        "generated_tokens": reqs.generated, "preemptions": reqs.preemptions, "acceptance": acc,
+        "draft_proposed": reqs.proposed, "draft_accepted": reqs.accepted, "verify_steps": reqs.verify_steps,
+    })
+    req_df.attrs["rejected"] = rejected
+    steps = pd.DataFrame(log.table(), columns=list(STEP_COLUMNS))
+    for c in ("replica", "batch_size", "decode_seqs", "k", "kv_blocks_used", "waiting"):
+        steps[c] = steps[c].astype(np.int64)
+    return req_df, steps, truncated, float(env.now)
+
+
+def _watch_done(env: simpy.Environment, reqs: Requests):
+    """Ends the run once every request has completed (checked once per simulated second)."""
+    while True:
+        yield env.timeout(1.0)
+        if not np.isnan(reqs.completion).any():
+            return
+
+
+def offered_rate(sc: Scenario) -> float | None:
+    """Requests/s to offer: rate_rps, or utilisation x the baseline deployment's capacity."""
+    wl = sc.workload
+    if wl.rate_rps is not None:
+        return wl.rate_rps
+    if wl.utilisation is not None:
+        return wl.utilisation * capacity(sc).rps
+    return None
+
+
+def simulate(sc: Scenario, seed: int | None = None) -> Result:
+    """Run one scenario with one seed. Pure: no I/O, same inputs give the same tables."""
+    seed = sc.seed if seed is None else int(seed)
+    rt = build_runtime(sc)
+    rate = offered_rate(sc)
+    table = generate(sc.workload, seed, rate)
+    req, steps, truncated, t_end = run_table(sc, rt, table, seed, backlog_limit=sc.sim.backlog_limit)
+    wl = sc.workload
+    end_s = float(table.arrival_s.max()) if wl.num_requests else wl.duration_s
+    warm = min(wl.warmup_s, 0.5 * end_s)
+    peak = peak_flops(rt.cost.gpu, rt.cost.weights)
+    s = summarise(req, steps, warmup_s=warm, end_s=end_s, replicas=rt.num_replicas,
+                  gpus_per_replica=rt.gpus_per_replica, peak_flops=peak, mem_bw=rt.cost.gpu.mem_bw_bytes_s,
+                  slo_ttft_s=sc.slo.ttft_p99_s, slo_itl_s=sc.slo.itl_p99_s, truncated=truncated, horizon_s=t_end)
+    s.update(_economics(sc, rt, req, s))
+    s["rejected_requests"] = int(req.attrs.get("rejected", 0))
+    s["num_replicas"] = rt.num_replicas
+    s["kv_capacity_tokens"] = rt.plan.kv_capacity_tokens
+    s["kv_pool_gib"] = rt.plan.kv_pool_bytes / 2**30
+    s["offered_rate_rps"] = rate if rate is not None else float("nan")
+    s["slo_met"] = bool(s["ttft_s"]["p99"] <= sc.slo.ttft_p99_s and s["tpot_s"]["p99"] <= sc.slo.itl_p99_s and s["stable"])
+    s["scenario"] = sc.model_dump(mode="json")
+    s["seed"] = seed
+    s["versions"] = versions()
+    return Result(sc, seed, req, steps, s)
+
+
+def _economics(sc: Scenario, rt: ReplicaRuntime, req: pd.DataFrame, s: dict[str, Any]) -> dict[str, Any]:
+    """Quality per class and overall, and cost per million output tokens (with retraining)."""
+    q_in, q_tail = rt.quality
+    if rt.retraining is not None:
+        q_in, q_tail = rt.retraining.effective_quality(q_in), rt.retraining.effective_quality(q_tail)
+    out: dict[str, Any] = {"quality_in_distribution": q_in, "quality_tail": q_tail}
+    per_class = {}
+    counts = np.bincount(req.cls.to_numpy(), minlength=len(sc.workload.classes)) if len(req) else np.zeros(1)
+    total = 0.0
+    for i, c in enumerate(sc.workload.classes):
+        q = q_tail if c.tail else q_in
+        per_class[c.name] = q
+        total += q * counts[i]
+    out["quality_by_class"] = per_class
+    out["quality_overall"] = total / max(1, counts.sum())
+    rack_usd_s = sc.rack.num_gpus * rt.usd_per_gpu_hour / 3600.0
+    tok_s = s["throughput_tok_s"]
+    retrain_month = rt.retraining.usd_per_month if rt.retraining else 0.0
+    out["retraining_usd_per_month"] = retrain_month
+    out["serving_usd_per_month"] = rack_usd_s * 30 * 86400
+    if tok_s > 0:
+        serving = rack_usd_s / tok_s * 1e6
+        retrain = retrain_month / (tok_s * 30 * 86400) * 1e6
+    else:
+        serving = retrain = float("nan")
+    out["usd_per_mtok_serving"] = serving
+    out["usd_per_mtok_retraining"] = retrain
+    out["usd_per_mtok"] = serving + retrain
+    return out
+
+
+@dataclass(frozen=True)
+class Capacity:
+    rps: float
+    tok_s: float
+
+
+def baseline_of(sc: Scenario) -> Scenario:
+    """The same deployment with speculation off: what `utilisation` is relative to."""
+    return sc.with_overrides({"speculative": None}) if sc.speculative else sc
+
+
+def capacity(sc: Scenario, *, speculative: bool = False) -> Capacity:
+    """Saturation throughput measured by the simulator (see docs/METRICS.md, 'Utilisation').
+
+    A backlog of requests with the scenario's length mix all arrive at t = 0; capacity is the
+    output-token rate while requests are still waiting (first 10% of that time skipped as
+    start-up), divided by the mean output length for requests/s."""
+    base = sc if speculative else baseline_of(sc)
+    wl = base.workload
+    key = json.dumps({k: base.model_dump(mode="json")[k] for k in ("rack", "deployment", "speculative")}, sort_keys=True)
+    lengths = json.dumps(wl.model_dump(mode="json", include={"prompt_tokens", "output_tokens", "arrival", "trace", "trace_format", "classes"}), sort_keys=True)
+    return _capacity_cached(key, lengths, base.seed, base)
+
+
+@lru_cache(maxsize=256)
+def _capacity_cached(key: str, lengths: str, seed: int, sc: Scenario) -> Capacity:
+    rt = build_runtime(sc)
+    n = max(600, 4 * rt.max_num_seqs * rt.num_replicas)
+    wl = sc.workload.model_copy(update={"num_requests": n, "arrival": "poisson" if sc.workload.arrival != "trace" else "trace",
+                                        "utilisation": None, "rate_rps": 1.0})
+    table = generate(wl, seed, 1.0 if sc.workload.arrival != "trace" else None)
+    table = table.iloc[:n].copy()
+    table["arrival_s"] = 0.0
+    _, steps, _, _ = run_table(sc, rt, table, seed, horizon_s=1e9, backlog_limit=10**9)
+    busy = steps[steps.waiting > 0]
+    if busy.empty:
+        busy = steps
+    t0 = float(busy.start_s.min())
+    t1 = float((busy.start_s + busy.duration_s).max())
+    skip = t0 + 0.1 * (t1 - t0)
+    win = busy[busy.start_s >= skip]
+    span = float((win.start_s + win.duration_s).max() - win.start_s.min())
+    tok_s = float(win.emitted_tokens.sum()) / span
+    mean_out_sample = float(table.output_tokens.mean())
+    return Capacity(rps=tok_s / mean_out_sample, tok_s=tok_s)

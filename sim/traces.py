@@ -1,0 +1,207 @@
+"""Loaders for real LLM inference traces in their original formats (Azure 2023 CSV, Mooncake JSONL, plain CSV).
+
+Every loader returns one DataFrame shape -- ``arrival_s`` (float64 s, first request at 0, sorted),
+``prompt_tokens`` and ``output_tokens`` (int64, both >= 1) -- so the simulator never sees a format.
+Bad input raises ConfigError with one line naming the file, the line, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from models.errors import ConfigError
+
+FORMATS = ("azure", "mooncake", "csv")
+_HEADERS = {
+    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    "csv": ("arrival_s", "prompt_tokens", "output_tokens"),
+    "mooncake": ("timestamp", "input_length", "output_length"),
+}
+_ACCEPTED = (
+    "accepted formats: azure (CSV header TIMESTAMP,ContextTokens,GeneratedTokens), "
+    "mooncake (JSONL objects with timestamp [ms], input_length, output_length), "
+    "csv (header arrival_s,prompt_tokens,output_tokens)"
+)
+_AZURE_TS = r"(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?"
+
+
+def _show(value: object) -> str:
+    """A bad value as it should appear in a one-line message."""
+    text = str(value).replace("\n", " ").replace("\r", " ")
+    return "''" if text == "" else (text if len(text) <= 40 else text[:37] + "...")
+
+
+def _raise_first(name: str, bad: list[tuple[int, str]]) -> None:
+    """Raise the problem on the earliest line, if there is one."""
+    if bad:
+        line, msg = min(bad)
+        raise ConfigError(f"{name} line {line}: {msg}")
+
+
+def _tokens(values: pd.Series, lines: np.ndarray, field: str, bad: list[tuple[int, str]]) -> np.ndarray:
+    """Validate token counts given as text: integers >= 1 (an empty prompt or output is not a request)."""
+    text = values.astype(str).str.strip()
+    ok = text.str.fullmatch(r"\+?\d{1,18}")
+    nums = pd.to_numeric(text.where(ok, "0")).to_numpy(np.int64)
+    ok = ok.to_numpy(bool) & (nums >= 1)
+    if not ok.all():
+        i = int(np.argmin(ok))
+        bad.append((int(lines[i]), f"{field}={_show(values.iloc[i])} must be an integer >= 1 "
+                                   "(prompt and output token counts must both be at least 1); fix or drop that row"))
+    return nums
+
+
+def _seconds(values: pd.Series, lines: np.ndarray, field: str, scale: float, bad: list[tuple[int, str]]) -> np.ndarray:
+    """Validate numeric times (any finite number) and convert them to seconds."""
+    nums = pd.to_numeric(values.astype(str).str.strip(), errors="coerce").to_numpy(np.float64)
+    ok = np.isfinite(nums) & values.map(lambda v: not isinstance(v, bool)).to_numpy(bool)
+    if not ok.all():
+        i = int(np.argmin(ok))
+        bad.append((int(lines[i]), f"{field}={_show(values.iloc[i])} is not a finite number; fix or drop that row"))
+    return nums * scale
+
+
+def _azure_seconds(values: pd.Series, lines: np.ndarray, bad: list[tuple[int, str]]) -> np.ndarray:
+    """Parse 'YYYY-MM-DD HH:MM:SS.fffffff' exactly (7 fractional digits defeat %f) into seconds, vectorised."""
+    parts = values.astype(str).str.strip().str.extract(f"^{_AZURE_TS}$")
+    base = pd.to_datetime(parts[0], format="%Y-%m-%d %H:%M:%S", errors="coerce")
+    ok = base.notna().to_numpy(bool)
+    if not ok.all():
+        i = int(np.argmin(ok))
+        bad.append((int(lines[i]), f"TIMESTAMP={_show(values.iloc[i])} is not a time like "
+                                   "'2023-11-16 18:15:46.6805900'; fix or drop that row"))
+        return np.zeros(len(values))
+    frac_ns = parts[1].fillna("").str.ljust(9, "0").astype(np.int64).to_numpy()
+    ns = base.to_numpy("datetime64[ns]").astype(np.int64) + frac_ns
+    return (ns - ns.min()) / 1e9
+
+
+def _read_csv(path: Path, name: str, fmt: str) -> pd.DataFrame:
+    """Read an Azure or plain CSV trace, keeping each row's 1-based line number in the file."""
+    raw = path.read_text(encoding="utf-8-sig").splitlines()
+    numbered = [(n, s) for n, s in enumerate(raw, start=1) if s.strip()]
+    if not numbered:
+        raise ConfigError(f"{name}: file is empty; expected a header {','.join(_HEADERS[fmt])} and one row per request")
+    try:
+        table = pd.read_csv(io.StringIO("\n".join(s for _, s in numbered)), dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{name}: not a readable CSV ({str(exc).strip().splitlines()[0]}); "
+                          f"expected header {','.join(_HEADERS[fmt])}") from None
+    table.columns = [str(c).strip() for c in table.columns]
+    for col in _HEADERS[fmt]:
+        if col not in table.columns:
+            raise ConfigError(f"{name}: missing column '{col}'; expected header {','.join(_HEADERS[fmt])}")
+    if table.empty:
+        raise ConfigError(f"{name}: trace has a header but no requests; add at least one row")
+    lines = np.array([n for n, _ in numbered[1:]], dtype=np.int64)
+    table = table.fillna("")
+    t_col, p_col, o_col = _HEADERS[fmt]
+    bad: list[tuple[int, str]] = []
+    if fmt == "azure":
+        arrival = _azure_seconds(table[t_col], lines, bad)
+    else:
+        arrival = _seconds(table[t_col], lines, t_col, 1.0, bad)
+    out = pd.DataFrame({"arrival_s": arrival,
+                        "prompt_tokens": _tokens(table[p_col], lines, p_col, bad),
+                        "output_tokens": _tokens(table[o_col], lines, o_col, bad)})
+    _raise_first(name, bad)
+    return out
+
+
+def _read_mooncake(path: Path, name: str) -> pd.DataFrame:
+    """Read a Mooncake JSONL trace (timestamp in ms, hash_ids = 512-token prefix-block hashes)."""
+    rows: list[dict] = []
+    lines: list[int] = []
+    with path.open(encoding="utf-8-sig") as fh:
+        for n, s in enumerate(fh, start=1):
+            if not s.strip():
+                continue
+            try:
+                obj = json.loads(s)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{name} line {n}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
+            if not isinstance(obj, dict):
+                raise ConfigError(f"{name} line {n}: expected a JSON object like "
+                                  '{"timestamp": 0, "input_length": 6758, "output_length": 500}')
+            for key in _HEADERS["mooncake"]:
+                if key not in obj:
+                    raise ConfigError(f"{name} line {n}: missing field '{key}'; each object needs "
+                                      f"{', '.join(_HEADERS['mooncake'])} (hash_ids optional)")
+            hashes = obj.get("hash_ids", [])
+            if not isinstance(hashes, list):
+                raise ConfigError(f"{name} line {n}: hash_ids={_show(hashes)} must be a list of integers")
+            rows.append({**obj, "hash_ids": " ".join(str(h) for h in hashes)})
+            lines.append(n)
+    if not rows:
+        raise ConfigError(f"{name}: trace has no requests (empty file); expected one JSON object per line")
+    table = pd.DataFrame(rows)
+    at = np.array(lines, dtype=np.int64)
+    bad: list[tuple[int, str]] = []
+    out = pd.DataFrame({"arrival_s": _seconds(table["timestamp"], at, "timestamp", 1e-3, bad),
+                        "prompt_tokens": _tokens(table["input_length"], at, "input_length", bad),
+                        "output_tokens": _tokens(table["output_length"], at, "output_length", bad),
+                        "hash_ids": table["hash_ids"].astype(str)})
+    _raise_first(name, bad)
+    return out
+
+
+def detect_format(path: str | Path) -> str:
+    """The trace format, judged from the first non-blank line of the file."""
+    with Path(path).open(encoding="utf-8-sig", errors="replace") as fh:
+        first = next((s.strip() for s in fh if s.strip()), "")
+    if not first:
+        raise ConfigError(f"{path}: file is empty; a trace needs a header or JSON lines ({_ACCEPTED})")
+    header = [c.strip() for c in first.split(",")]
+    if first.startswith("{"):
+        return "mooncake"
+    if "TIMESTAMP" in header:
+        return "azure"
+    if "arrival_s" in header:
+        return "csv"
+    raise ConfigError(f"{path}: cannot detect the trace format from its first line '{_show(first)}'; "
+                      f"{_ACCEPTED}; fix the header or pass fmt=")
+
+
+def load_trace(path: str | Path, fmt: str = "auto") -> pd.DataFrame:
+    """Load a trace as arrival_s (s from the first request, sorted), prompt_tokens, output_tokens."""
+    p = Path(path)
+    name = str(path)
+    if not p.is_file():
+        raise ConfigError(f"trace file not found: {p.resolve()}; check the path")
+    if fmt not in (*FORMATS, "auto"):
+        raise ConfigError(f"unknown trace format '{fmt}'; use auto or one of {', '.join(FORMATS)}")
+    kind = detect_format(p) if fmt == "auto" else fmt
+    df = _read_mooncake(p, name) if kind == "mooncake" else _read_csv(p, name, kind)
+    df = df.sort_values("arrival_s", kind="stable", ignore_index=True)
+    df["arrival_s"] = (df["arrival_s"] - df["arrival_s"].iloc[0]).astype(np.float64)
+    return df
+
+
+def trace_rate_rps(df: pd.DataFrame) -> float:
+    """Mean arrival rate (n-1)/(last - first arrival), the rate a trace replays at unscaled."""
+    span = float(df["arrival_s"].max() - df["arrival_s"].min()) if len(df) else 0.0
+    if len(df) < 2 or span <= 0:
+        raise ConfigError(f"trace spans zero time ({len(df)} requests); a rate needs >= 2 requests at distinct times")
+    return (len(df) - 1) / span
+
+
+def scale_to_rate(df: pd.DataFrame, rate_rps: float) -> pd.DataFrame:
+    """A copy with arrivals stretched by one constant so the mean rate is rate_rps (order and lengths kept)."""
+    if not (isinstance(rate_rps, int | float) and math.isfinite(rate_rps) and rate_rps > 0):
+        raise ConfigError(f"rate_rps={rate_rps} must be a finite number > 0 (requests per second)")
+    out = df.copy()
+    out["arrival_s"] = df["arrival_s"] * (trace_rate_rps(df) / float(rate_rps))
+    return out
+
+
+def empirical_lengths(path: str | Path, column: str) -> np.ndarray:
+    """The prompt_tokens or output_tokens of a trace file (any format), for an empirical length distribution."""
+    if column not in ("prompt_tokens", "output_tokens"):
+        raise ConfigError(f"column='{column}' is not a length column; use prompt_tokens or output_tokens")
+    return load_trace(path)[column].to_numpy(np.int64)

@@ -1,0 +1,149 @@
+"""Workloads, generated before the run as a table, from named random streams of one seed.
+
+Streams (numpy SeedSequence.spawn, in this fixed order): arrivals, prompt lengths, output lengths,
+traffic classes, acceptance quantiles, engine (acceptance draws). Changing the strategy never
+perturbs the arrivals: every strategy at a load point sees the same requests.
+
+A request's acceptance rate is stored as a quantile u ~ U(0,1); the engine maps it through the
+Beta distribution of its class and method, so variants with different methods still share it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from models.errors import ConfigError
+from sim.scenario import Empirical, Fixed, LogNormal, Workload
+from sim.traces import empirical_lengths, load_trace, scale_to_rate
+
+STREAMS = ("arrivals", "prompt", "output", "classes", "acceptance", "engine")
+Z90 = 1.2815515655446004  # standard normal 90th percentile
+
+
+def streams(seed: int) -> dict[str, np.random.Generator]:
+    """One independent generator per named stream, all from one seed."""
+    children = np.random.SeedSequence(int(seed)).spawn(len(STREAMS))
+    return {name: np.random.default_rng(s) for name, s in zip(STREAMS, children, strict=True)}
+
+
+@dataclass(frozen=True)
+class LengthSampler:
+    """A length distribution that knows its own mean (before rounding and clipping)."""
+
+    dist: Fixed | LogNormal | Empirical
+    column: str = "prompt_tokens"  # the trace column an empirical distribution samples
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        d = self.dist
+        if isinstance(d, Fixed):
+            return np.full(n, d.value, dtype=np.int64)
+        if isinstance(d, LogNormal):
+            sigma = np.log(d.p90 / d.median) / Z90
+            x = rng.lognormal(np.log(d.median), sigma, n)
+            return np.clip(np.rint(x), 1, d.max).astype(np.int64)
+        values = empirical_lengths(d.trace, self.column)
+        return rng.choice(values, size=n, replace=True).astype(np.int64)
+
+    def mean(self) -> float:
+        d = self.dist
+        if isinstance(d, Fixed):
+            return float(d.value)
+        if isinstance(d, LogNormal):
+            sigma = np.log(d.p90 / d.median) / Z90
+            return float(d.median * np.exp(sigma**2 / 2))
+        return float(np.mean(empirical_lengths(d.trace, self.column)))
+
+
+def sampler(dist: Fixed | LogNormal | Empirical, column: str) -> LengthSampler:
+    return LengthSampler(dist, column)
+
+
+def poisson_arrivals(rng: np.random.Generator, rate: float, duration_s: float | None, n: int | None) -> np.ndarray:
+    """Arrival times of a Poisson process over [0, duration) or for n requests."""
+    if n is not None:
+        return np.cumsum(rng.exponential(1.0 / rate, n))
+    assert duration_s is not None
+    out: list[np.ndarray] = []
+    t = 0.0
+    chunk = max(16, int(rate * duration_s * 1.1) + 16)
+    while t < duration_s:
+        a = t + np.cumsum(rng.exponential(1.0 / rate, chunk))
+        out.append(a)
+        t = a[-1]
+    arr = np.concatenate(out)
+    return arr[arr < duration_s]
+
+
+def gamma_arrivals(rng: np.random.Generator, rate: float, cv: float, duration_s: float | None, n: int | None) -> np.ndarray:
+    """Renewal process with gamma inter-arrivals of mean 1/rate and coefficient of variation cv
+    (cv > 1: bursts; cv = 1: Poisson)."""
+    shape = 1.0 / (cv * cv)
+    scale = 1.0 / (rate * shape)
+    if n is not None:
+        return np.cumsum(rng.gamma(shape, scale, n))
+    assert duration_s is not None
+    out: list[np.ndarray] = []
+    t = 0.0
+    chunk = max(16, int(rate * duration_s * 1.1) + 16)
+    while t < duration_s:
+        a = t + np.cumsum(rng.gamma(shape, scale, chunk))
+        out.append(a)
+        t = a[-1]
+    arr = np.concatenate(out)
+    return arr[arr < duration_s]
+
+
+def mean_lengths(wl: Workload) -> tuple[float, float]:
+    """Mean prompt and output tokens of the workload's length mix."""
+    if wl.arrival == "trace":
+        assert wl.trace is not None
+        df = load_trace(wl.trace, wl.trace_format)
+        return float(df.prompt_tokens.mean()), float(df.output_tokens.mean())
+    return sampler(wl.prompt_tokens, "prompt_tokens").mean(), sampler(wl.output_tokens, "output_tokens").mean()
+
+
+def generate(wl: Workload, seed: int, rate_rps: float | None) -> pd.DataFrame:
+    """The request table: id, arrival_s, prompt_tokens, output_tokens, cls, accept_q.
+
+    `rate_rps` is the offered rate (None keeps a trace's own timing)."""
+    rs = streams(seed)
+    n = wl.num_requests
+    if wl.arrival == "trace":
+        assert wl.trace is not None
+        df = load_trace(wl.trace, wl.trace_format)
+        if rate_rps is not None:
+            df = scale_to_rate(df, rate_rps)
+        if n is not None:
+            df = df.iloc[:n]
+        else:
+            df = df[df.arrival_s < wl.duration_s]
+        arrival = df.arrival_s.to_numpy(np.float64)
+        prompt = df.prompt_tokens.to_numpy(np.int64)
+        output = df.output_tokens.to_numpy(np.int64)
+    else:
+        if rate_rps is None or not np.isfinite(rate_rps) or rate_rps <= 0:
+            raise ConfigError(f"workload: offered rate must be a positive number of requests/s, got {rate_rps}")
+        if wl.arrival == "poisson":
+            arrival = poisson_arrivals(rs["arrivals"], rate_rps, wl.duration_s, n)
+        else:
+            arrival = gamma_arrivals(rs["arrivals"], rate_rps, wl.cv, wl.duration_s, n)
+        m = arrival.size
+        prompt = sampler(wl.prompt_tokens, "prompt_tokens").sample(rs["prompt"], m)
+        output = sampler(wl.output_tokens, "output_tokens").sample(rs["output"], m)
+    m = arrival.size
+    if m == 0:
+        raise ConfigError("workload: no request arrives within duration_s; raise duration_s or the rate")
+    shares = np.array([c.share for c in wl.classes])
+    cls = rs["classes"].choice(len(shares), size=m, p=shares / shares.sum()) if len(shares) > 1 else np.zeros(m, np.int64)
+    accept_q = rs["acceptance"].random(m)
+    return pd.DataFrame({
+        "id": np.arange(m, dtype=np.int64),
+        "arrival_s": arrival,
+        "prompt_tokens": prompt,
+        "output_tokens": output,
+        "cls": cls.astype(np.int64),
+        "accept_q": accept_q,
+    })
