@@ -11,6 +11,8 @@ class ConfigError(ValueError):
 
 def unknown(kind: str, name: str, choices: list[str] | tuple[str, ...]) -> ConfigError:
     """An error for an unknown catalogue name, suggesting the nearest known one."""
-    near = difflib.get_close_matches(str(name).lower(), [c.lower() for c in choices], n=1, cutoff=0.4)
+    low = str(name).lower()
+    near = [c for c in choices if c.lower().startswith(low)] if low else []
+    near = near or difflib.get_close_matches(low, [c.lower() for c in choices], n=1, cutoff=0.4)
     hint = f"; did you mean '{near[0]}'?" if near else ""
     return ConfigError(f"unknown {kind} '{name}'{hint} (known: {', '.join(choices)})")

@@ -1,0 +1,191 @@
+"""The `specrack` command line. Bad input prints one line on stderr and exits 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from models.errors import ConfigError
+
+
+def _cost(a: argparse.Namespace) -> int:
+    from models.catalog import get_model
+    from models.cost import CostModel
+    from models.memory import plan_memory
+
+    for name in ("batch", "context", "new_tokens"):
+        v = getattr(a, name)
+        if (name == "context" and v < 0) or (name != "context" and v < 1):
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} must be {'>= 0' if name == 'context' else '>= 1'}, got {v}")
+    cost = CostModel(a.model, a.gpu, a.tp, a.weights, a.kv_cache, engine=a.engine)
+    if a.draft:
+        draft = get_model(a.draft)
+        if draft.tokenizer_family != cost.model.tokenizer_family:
+            raise ConfigError(f"--draft {draft.name} uses the {draft.tokenizer_family} tokenizer, "
+                              f"{cost.model.name} the {cost.model.tokenizer_family} one; pick a draft of the same family")
+    step = cost.uniform(a.batch, a.context, a.new_tokens)
+    plan = plan_memory(cost, gpu_memory_utilization=a.gpu_memory_utilization)
+    out: dict[str, Any] = step.as_dict()
+    out.update(kv_capacity_tokens=plan.kv_capacity_tokens,
+               max_num_seqs_at_context=plan.max_num_seqs_at_context(a.context + a.new_tokens),
+               weight_bytes_per_gpu=cost.weight_bytes_per_gpu, kv_bytes_per_token_per_gpu=cost.kv_bytes_per_token_gpu,
+               tokens_per_s=a.batch * a.new_tokens / step.total_s, model=cost.model.name, gpu=cost.gpu.name,
+               tp=cost.tp, weights=cost.weights.name, kv_cache=cost.kv.name, engine=a.engine,
+               efficiency_source=cost.eff.source)
+    if a.draft:
+        d = CostModel(a.draft, a.gpu, a.tp, a.weights, a.kv_cache, engine=a.engine)
+        ds = d.uniform(a.batch, a.context, 1, step_overhead=False)
+        out["draft_pass_s"] = ds.total_s
+        out["draft_cost_ratio"] = ds.total_s / cost.uniform(a.batch, a.context, 1).total_s
+    if a.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    gib = 2**30
+    print(f"{cost.model.name} on {a.tp}x {cost.gpu.name} ({cost.weights.name} weights, {cost.kv.name} KV, {a.engine} engine)")
+    print(f"  batch {a.batch} x {a.new_tokens} new token(s) at context {a.context}")
+    print(f"  step time      {step.total_s * 1e3:9.3f} ms   ({out['tokens_per_s']:.0f} tok/s)")
+    print(f"    compute      {step.compute_s * 1e3:9.3f} ms   {step.flops / 1e12:.2f} TFLOP per GPU")
+    print(f"    memory       {step.memory_s * 1e3:9.3f} ms   {step.bytes / 1e9:.2f} GB per GPU "
+          f"(weights {step.weight_bytes / 1e9:.2f}, KV read {step.kv_read_bytes / 1e9:.2f}, "
+          f"KV write {step.kv_write_bytes / 1e9:.3f}, activations {step.act_bytes / 1e9:.3f})")
+    print(f"    comm         {step.comm_s * 1e3:9.3f} ms")
+    print(f"    overhead     {step.overhead_s * 1e3:9.3f} ms")
+    print(f"  memory: weights {cost.weight_bytes_per_gpu / gib:.1f} GiB/GPU, KV pool {plan.kv_pool_bytes / gib:.1f} GiB/GPU "
+          f"= {plan.kv_capacity_tokens} tokens; {out['max_num_seqs_at_context']} sequences of "
+          f"{a.context + a.new_tokens} tokens fit")
+    if a.draft:
+        print(f"  draft {a.draft}: {out['draft_pass_s'] * 1e3:.3f} ms per pass, cost ratio c = {out['draft_cost_ratio']:.3f}")
+    return 0
+
+
+def _load(a: argparse.Namespace):
+    from sim.scenario import load_scenario, parse_set
+
+    overrides = parse_set(a.set or [])
+    if getattr(a, "seed", None) is not None:
+        overrides["seed"] = a.seed
+    return load_scenario(a.scenario, overrides)
+
+
+def _validate(a: argparse.Namespace) -> int:
+    from sim.deployment import build_runtime
+
+    sc = _load(a)
+    rt = build_runtime(sc)
+    print(f"{a.scenario}: ok ({sc.name}: {rt.num_replicas} replica(s) of {sc.deployment.model} TP{sc.deployment.tensor_parallel}"
+          f" on {sc.rack.gpu}, KV {rt.plan.kv_capacity_tokens} tokens per replica)")
+    return 0
+
+
+def _capacity(a: argparse.Namespace) -> int:
+    from sim.simulate import capacity
+
+    sc = _load(a)
+    c = capacity(sc)
+    out = {"scenario": sc.name, "capacity_rps": c.rps, "capacity_tok_s": c.tok_s}
+    if sc.speculative is not None:
+        cs = capacity(sc, speculative=True)
+        out.update(speculative_capacity_rps=cs.rps, speculative_capacity_tok_s=cs.tok_s)
+    if a.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{sc.name}: capacity {c.rps:.3f} req/s, {c.tok_s:.0f} output tok/s (speculation off)")
+        if "speculative_capacity_rps" in out:
+            print(f"  with speculation: {out['speculative_capacity_rps']:.3f} req/s, {out['speculative_capacity_tok_s']:.0f} tok/s")
+    return 0
+
+
+def _run(a: argparse.Namespace) -> int:
+    from sim.simulate import simulate
+
+    sc = _load(a)
+    res = simulate(sc, a.seed)
+    out = res.write(a.out)
+    s = res.summary
+    print(f"{sc.name} seed {res.seed}: {s['completed_requests']}/{s['offered_requests']} requests, "
+          f"{s['throughput_tok_s']:.0f} tok/s, TTFT p99 {s['ttft_s']['p99']:.3f} s, TPOT p99 {s['tpot_s']['p99'] * 1e3:.1f} ms, "
+          f"{'stable' if s['stable'] else 'OVERLOADED (backlog %d)' % s['backlog']} -> {out}")
+    return 0
+
+
+def _bench(a: argparse.Namespace) -> int:
+    from experiments.bench import run_bench
+
+    out = run_bench(quick=a.quick)
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def _sweep(a: argparse.Namespace) -> int:
+    from experiments.sweep import main_sweep
+
+    return main_sweep(a)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specrack", description="Discrete-event simulator of LLM serving: speculative decoding vs distillation vs quantization")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    c = sub.add_parser("cost", help="what-if step cost of one batch")
+    c.add_argument("--model", default="llama-3.1-70b")
+    c.add_argument("--gpu", default="h100-sxm")
+    c.add_argument("--tp", type=int, default=4)
+    c.add_argument("--weights", default="bf16")
+    c.add_argument("--kv-cache", default="bf16")
+    c.add_argument("--engine", default="baseline", choices=["baseline", "tuned"])
+    c.add_argument("--batch", type=int, default=1)
+    c.add_argument("--context", type=int, default=2048)
+    c.add_argument("--new-tokens", type=int, default=1)
+    c.add_argument("--draft", default=None, help="a draft model to price (checks the tokenizer family)")
+    c.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(fn=_cost)
+
+    for name, fn, hlp in (("run", _run, "simulate one scenario"), ("validate", _validate, "check a scenario file"),
+                          ("capacity", _capacity, "saturation capacity of a scenario's deployment")):
+        s = sub.add_parser(name, help=hlp)
+        s.add_argument("scenario")
+        s.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a dotted key, e.g. workload.utilisation=0.7")
+        s.add_argument("--seed", type=int, default=None)
+        if name == "run":
+            s.add_argument("--out", default="results/run")
+        if name == "capacity":
+            s.add_argument("--json", action="store_true")
+        s.set_defaults(fn=fn)
+
+    b = sub.add_parser("bench", help="engine speed against a bare SimPy loop")
+    b.add_argument("--json", action="store_true", help="(always JSON)")
+    b.add_argument("--quick", action="store_true", help="1k and 10k requests instead of 10k and 100k")
+    b.set_defaults(fn=_bench)
+
+    w = sub.add_parser("sweep", help="utilisation sweep over strategies, with report (default: built-in experiment)")
+    w.add_argument("sweep_file", nargs="?", default=None)
+    w.add_argument("--out", default="results")
+    w.add_argument("--quick", action="store_true", help="a small version that finishes in well under a minute")
+    w.add_argument("--jobs", type=int, default=None, help="parallel processes (default: all cores)")
+    w.add_argument("--executor", default="process", choices=["process", "serial"])
+    w.set_defaults(fn=_sweep)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    try:
+        return int(a.fn(a) or 0)
+    except ConfigError as err:
+        print(f"specrack: error: {err}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as err:
+        print(f"specrack: error: file not found: {err.filename}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specrack: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
