@@ -7,8 +7,8 @@ cost should grow linearly: compare the per-request wall time of the two).
 
 from __future__ import annotations
 
-import time
 import resource
+import time
 from importlib import resources
 from typing import Any
 

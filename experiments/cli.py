@@ -107,7 +107,7 @@ def _run(a: argparse.Namespace) -> int:
     s = res.summary
     print(f"{sc.name} seed {res.seed}: {s['completed_requests']}/{s['offered_requests']} requests, "
           f"{s['throughput_tok_s']:.0f} tok/s, TTFT p99 {s['ttft_s']['p99']:.3f} s, TPOT p99 {s['tpot_s']['p99'] * 1e3:.1f} ms, "
-          f"{'stable' if s['stable'] else 'OVERLOADED (backlog %d)' % s['backlog']} -> {out}")
+          f"{'stable' if s['stable'] else 'OVERLOADED (backlog ' + str(s['backlog']) + ')'} -> {out}")
     return 0
 
 

@@ -164,6 +164,10 @@ def fit_step_times(
     from scipy.optimize import least_squares
 
     start = cost.eff
+    # only one of mfu_max / mfu_max_quant applies to these weights; the other does not influence
+    # the data and must keep its value (left free, the optimiser pushes it to a bound)
+    unused = "mfu_max_quant" if cost.weights.name == "bf16" else "mfu_max"
+    fields = tuple(f for f in fields if f != unused)
     batch, context, new_tokens, measured_s = map(np.asarray, (batch, context, new_tokens, measured_s))
 
     def make(x: np.ndarray) -> Efficiency:

@@ -197,6 +197,8 @@ class CostModel:
 
     def uniform(self, batch: int, context: int, new_tokens: int = 1, *, step_overhead: bool = True) -> StepCost:
         """Cost of a batch of identical sequences (the what-if calculator's case)."""
+        if batch < 0 or context < 0 or new_tokens < 0:
+            raise ConfigError(f"batch, context and new_tokens must be >= 0, got {batch}, {context}, {new_tokens}")
         pairs = batch * (new_tokens * context + new_tokens * (new_tokens + 1) / 2)
         return self.step_sums(batch, batch * new_tokens, batch * context, pairs, step_overhead=step_overhead)
 
@@ -209,16 +211,17 @@ def check_tp(model: LLM, tp: int) -> int:
     be a multiple of them, in which case KV heads are replicated)."""
     if not isinstance(tp, (int, np.integer)) or tp < 1:
         raise ConfigError(f"tensor_parallel must be a positive integer, got {tp!r}")
+    valid = [d for d in range(1, 17)
+             if model.num_heads % d == 0 and (model.num_kv_heads % d == 0 or d % model.num_kv_heads == 0)]
     if model.num_heads % tp:
-        divisors = [d for d in range(1, model.num_heads + 1) if model.num_heads % d == 0 and d <= 16]
         raise ConfigError(
             f"tensor_parallel={tp} does not divide {model.name}'s {model.num_heads} attention heads; "
-            f"use one of {divisors}"
+            f"use one of {valid}"
         )
     if model.num_kv_heads % tp and tp % model.num_kv_heads:
         raise ConfigError(
             f"tensor_parallel={tp} neither divides nor is a multiple of {model.name}'s "
-            f"{model.num_kv_heads} KV heads"
+            f"{model.num_kv_heads} KV heads; use one of {valid}"
         )
     return int(tp)
 

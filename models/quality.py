@@ -27,11 +27,16 @@ DISTILL_QUALITY: dict[tuple[str, str], tuple[float, float]] = {
     ("llama-3.2-3b", "llama-3.1-70b"): (0.76, 0.67),
     ("llama-3.2-1b", "llama-3.1-70b"): (0.59, 0.28),
 }
-# GPU-hours of one re-distillation run. Llama-3.2 1B/3B: 370k/460k H100-h of pretraining plus
-# distillation, with 86k of teacher logit generation (model card) - a full pretraining. A
-# re-distillation after a teacher update is far smaller: we default to the logit-generation
-# share (86k) scaled by the student's size relative to 3B, a documented assumption.
-TEACHER_LOGITS_GPU_HOURS = 86_000.0
+# GPU-hours of one re-distillation run after a teacher update. Llama-3.2 1B/3B cost 370k/460k
+# H100-hours of pretraining plus distillation, with 86k of teacher logit generation (model card):
+# that is a from-scratch build, an upper bound. A re-distillation of an existing student is
+# priced from FLOPs instead: teacher forward passes (2 x P_teacher per token) to make logits and
+# student training (6 x P_student per token) over REDISTILL_TOKENS tokens, at REDISTILL_MFU of an
+# H100's dense BF16 peak. 10B tokens is our documented default (a task-focused distillation set,
+# about 1/1000 of Llama-3.2's pretraining corpus); override per deployment.
+REDISTILL_TOKENS = 10e9
+REDISTILL_MFU = 0.40
+H100_BF16_FLOPS = 989.4e12
 
 
 def quant_quality(weights: str, kv_cache: str = "bf16") -> tuple[float, float]:
@@ -48,8 +53,10 @@ def distill_quality(student: str, teacher: str) -> tuple[float, float]:
     return DISTILL_QUALITY.get((student, teacher), (0.85, 0.70))
 
 
-def default_retrain_gpu_hours(student_params: float) -> float:
-    return TEACHER_LOGITS_GPU_HOURS * student_params / 3.2e9
+def default_retrain_gpu_hours(student_params: float, teacher_params: float, tokens: float = REDISTILL_TOKENS) -> float:
+    """H100-hours of one re-distillation run, from FLOPs (see REDISTILL_TOKENS)."""
+    flops = (2.0 * teacher_params + 6.0 * student_params) * tokens
+    return flops / (H100_BF16_FLOPS * REDISTILL_MFU) / 3600.0
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,8 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
         q_in, q_tail = q_in * d_in, q_tail * d_tail
         hours = dist.gpu_hours_per_run
         if hours is None:
-            hours = default_retrain_gpu_hours(get_model(dep.model).params_total)
+            hours = default_retrain_gpu_hours(get_model(dep.model).params_total,
+                                              get_model(dep.distilled_from).params_total)
         retraining = Retraining(dist.teacher_updates_per_month, hours, price, dist.stale_days, dist.stale_quality_loss)
     if dep.quality_in_distribution is not None:
         q_in = dep.quality_in_distribution

@@ -323,7 +323,7 @@ def acceptance_rates(cls: np.ndarray, accept_q: np.ndarray, means: np.ndarray, s
     m = means[cls]
     s = spreads[cls]
     out = m.copy()
-    draw = s > 0
+    draw = (s > 0) & (m > 0) & (m < 1)
     if draw.any():
         mm, ss = m[draw], s[draw]
         var = np.minimum(ss * ss, 0.999 * mm * (1.0 - mm))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import platform
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +165,8 @@ def simulate(sc: Scenario, seed: int | None = None) -> Result:
     peak = peak_flops(rt.cost.gpu, rt.cost.weights)
     s = summarise(req, steps, warmup_s=warm, end_s=end_s, replicas=rt.num_replicas,
                   gpus_per_replica=rt.gpus_per_replica, peak_flops=peak, mem_bw=rt.cost.gpu.mem_bw_bytes_s,
-                  slo_ttft_s=sc.slo.ttft_p99_s, slo_itl_s=sc.slo.itl_p99_s, truncated=truncated, horizon_s=t_end)
+                  slo_ttft_s=sc.slo.ttft_p99_s, slo_itl_s=sc.slo.itl_p99_s, truncated=truncated, horizon_s=t_end,
+                  max_num_seqs=rt.max_num_seqs)
     s.update(_economics(sc, rt, req, s))
     s["rejected_requests"] = int(req.attrs.get("rejected", 0))
     s["num_replicas"] = rt.num_replicas
@@ -232,11 +232,16 @@ def capacity(sc: Scenario, *, speculative: bool = False) -> Capacity:
     wl = base.workload
     key = json.dumps({k: base.model_dump(mode="json")[k] for k in ("rack", "deployment", "speculative")}, sort_keys=True)
     lengths = json.dumps(wl.model_dump(mode="json", include={"prompt_tokens", "output_tokens", "arrival", "trace", "trace_format", "classes"}), sort_keys=True)
-    return _capacity_cached(key, lengths, base.seed, base)
+    ck = f"{key}|{lengths}|{base.seed}"
+    if ck not in _CAPACITY_CACHE:
+        _CAPACITY_CACHE[ck] = _measure_capacity(base, base.seed)
+    return _CAPACITY_CACHE[ck]
 
 
-@lru_cache(maxsize=256)
-def _capacity_cached(key: str, lengths: str, seed: int, sc: Scenario) -> Capacity:
+_CAPACITY_CACHE: dict[str, Capacity] = {}  # per process; a pure function of its key
+
+
+def _measure_capacity(sc: Scenario, seed: int) -> Capacity:
     rt = build_runtime(sc)
     n = max(600, 4 * rt.max_num_seqs * rt.num_replicas)
     wl = sc.workload.model_copy(update={"num_requests": n, "arrival": "poisson" if sc.workload.arrival != "trace" else "trace",

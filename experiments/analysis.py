@@ -1,0 +1,71 @@
+"""Speedups, defined once.
+
+For a variant v and a metric x at utilisation u and seed s, the paired speedup is
+    speedup = x(reference, u, s) / x(v, u, s)      for latencies (higher = v is faster)
+    speedup = x(v, u, s) / x(reference, u, s)      for throughput
+then the mean over seeds and a 95% Student-t confidence interval (scipy). Crossover: the lowest
+utilisation where the mean ITL (TPOT) speedup falls below 1.0, interpolated linearly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+SPEEDUP_METRICS = {
+    "tpot_s_mean": "ITL (TPOT) mean",
+    "tpot_s_p99": "ITL (TPOT) p99",
+    "e2e_s_p50": "end-to-end p50",
+    "e2e_s_p99": "end-to-end p99",
+    "ttft_s_p99": "TTFT p99",
+    "throughput_tok_s": "throughput",
+}
+HIGHER_IS_BETTER = {"throughput_tok_s"}
+HEADLINE = "tpot_s_mean"
+
+
+def speedups(df: pd.DataFrame, reference: str = "baseline") -> pd.DataFrame:
+    """Tidy table: variant, utilisation, metric, mean, ci_low, ci_high, n."""
+    ref = df[df.variant == reference].set_index(["utilisation", "seed"])
+    rows = []
+    for (variant, u), g in df.groupby(["variant", "utilisation"], sort=False):
+        g = g.set_index(["utilisation", "seed"])
+        common = g.index.intersection(ref.index)
+        if common.empty:
+            continue
+        for m in SPEEDUP_METRICS:
+            if m not in g:
+                continue
+            a = ref.loc[common, m].to_numpy(float)
+            b = g.loc[common, m].to_numpy(float)
+            r = b / a if m in HIGHER_IS_BETTER else a / b
+            r = r[np.isfinite(r)]
+            if r.size == 0:
+                continue
+            mean = float(r.mean())
+            if r.size > 1 and r.std(ddof=1) > 0:
+                half = float(stats.t.ppf(0.975, r.size - 1) * r.std(ddof=1) / np.sqrt(r.size))
+            else:
+                half = 0.0
+            rows.append({"variant": variant, "utilisation": u, "metric": m, "mean": mean,
+                         "ci_low": mean - half, "ci_high": mean + half, "n": int(r.size)})
+    return pd.DataFrame(rows, columns=["variant", "utilisation", "metric", "mean", "ci_low", "ci_high", "n"])
+
+
+def crossovers(sp: pd.DataFrame, metric: str = HEADLINE) -> dict[str, float]:
+    """Per variant: the utilisation where the mean speedup first falls below 1.0 (NaN if never)."""
+    out: dict[str, float] = {}
+    for v, g in sp[sp.metric == metric].groupby("variant", sort=False):
+        g = g.sort_values("utilisation")
+        u, s = g.utilisation.to_numpy(float), g["mean"].to_numpy(float)
+        cross = float("nan")
+        for i in range(len(s)):
+            if s[i] < 1.0:
+                if i == 0:
+                    cross = u[0]
+                else:
+                    cross = float(u[i - 1] + (1.0 - s[i - 1]) * (u[i] - u[i - 1]) / (s[i] - s[i - 1]))
+                break
+        out[str(v)] = cross
+    return out

@@ -1,0 +1,202 @@
+"""Charts as functions from the tidy tables to plotly figures, and one self-contained HTML report
+(plotly.js embedded once, so the file opens offline)."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.subplots import make_subplots
+
+from experiments.analysis import HEADLINE, SPEEDUP_METRICS, crossovers
+
+PALETTE = ("#1f77b4", "#d62728", "#ff7f0e", "#9467bd", "#2ca02c", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
+
+
+def _colour(names: list[str]) -> dict[str, str]:
+    return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
+
+
+def _rgba(hex_colour: str, alpha: float) -> str:
+    h = hex_colour.lstrip("#")
+    return f"rgba({int(h[0:2], 16)},{int(h[2:4], 16)},{int(h[4:6], 16)},{alpha})"
+
+
+def speedup_chart(sp: pd.DataFrame, metric: str = HEADLINE) -> go.Figure:
+    """Headline: speedup vs utilisation per variant, 95% CI bands, the 1.0 line, crossovers."""
+    d = sp[sp.metric == metric]
+    names = list(dict.fromkeys(d.variant))
+    col = _colour(names)
+    fig = go.Figure()
+    for v in names:
+        g = d[d.variant == v].sort_values("utilisation")
+        x = g.utilisation.tolist()
+        fig.add_trace(go.Scatter(x=x + x[::-1], y=g.ci_high.tolist() + g.ci_low.tolist()[::-1], fill="toself",
+                                 fillcolor=_rgba(col[v], 0.15), line={"width": 0}, hoverinfo="skip",
+                                 showlegend=False, legendgroup=v))
+        fig.add_trace(go.Scatter(x=x, y=g["mean"], mode="lines+markers", name=v, legendgroup=v,
+                                 line={"color": col[v]},
+                                 hovertemplate=f"{v}<br>utilisation %{{x:.2f}}<br>speedup %{{y:.3f}}<extra></extra>"))
+    for v, u in crossovers(sp, metric).items():
+        if np.isfinite(u):
+            fig.add_trace(go.Scatter(x=[u], y=[1.0], mode="markers", marker={"symbol": "x", "size": 13, "color": col.get(v, "#000")},
+                                     name=f"{v} crosses 1.0 at {u:.2f}", legendgroup=v))
+    fig.add_hline(y=1.0, line_dash="dash", line_color="black", annotation_text="no speedup")
+    fig.update_layout(title=f"Speedup over baseline: {SPEEDUP_METRICS.get(metric, metric)} (mean, 95% CI over seeds)",
+                      xaxis_title="rack utilisation (offered load / baseline capacity)", yaxis_title="speedup (x)",
+                      template="plotly_white", height=520)
+    return fig
+
+
+def latency_chart(df: pd.DataFrame, slo_ttft_s: float, slo_itl_s: float) -> go.Figure:
+    """p99 TTFT and p99 ITL (TPOT) vs utilisation, SLO lines; drafting can worsen the first."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("p99 time to first token", "p99 inter-token latency (TPOT)"))
+    names = list(dict.fromkeys(df.variant))
+    col = _colour(names)
+    agg = df.groupby(["variant", "utilisation"], sort=False)[["ttft_s_p99", "tpot_s_p99"]].mean().reset_index()
+    for v in names:
+        g = agg[agg.variant == v].sort_values("utilisation")
+        fig.add_trace(go.Scatter(x=g.utilisation, y=g.ttft_s_p99, name=v, legendgroup=v, line={"color": col[v]}), 1, 1)
+        fig.add_trace(go.Scatter(x=g.utilisation, y=g.tpot_s_p99 * 1e3, name=v, legendgroup=v, showlegend=False,
+                                 line={"color": col[v]}), 1, 2)
+    fig.add_hline(y=slo_ttft_s, line_dash="dot", line_color="red", annotation_text="SLO", row=1, col=1)
+    fig.add_hline(y=slo_itl_s * 1e3, line_dash="dot", line_color="red", annotation_text="SLO", row=1, col=2)
+    fig.update_yaxes(title_text="seconds", type="log", row=1, col=1)
+    fig.update_yaxes(title_text="milliseconds", type="log", row=1, col=2)
+    fig.update_xaxes(title_text="utilisation")
+    fig.update_layout(template="plotly_white", height=460, title="Latency vs load (mean over seeds)")
+    return fig
+
+
+def cost_chart(df: pd.DataFrame) -> go.Figure:
+    """Cost per million output tokens vs utilisation, including amortised retraining."""
+    names = list(dict.fromkeys(df.variant))
+    col = _colour(names)
+    agg = df.groupby(["variant", "utilisation"], sort=False)[["usd_per_mtok", "usd_per_mtok_retraining"]].mean().reset_index()
+    fig = go.Figure()
+    for v in names:
+        g = agg[agg.variant == v].sort_values("utilisation")
+        fig.add_trace(go.Scatter(x=g.utilisation, y=g.usd_per_mtok, name=v, line={"color": col[v]},
+                                 customdata=g.usd_per_mtok_retraining,
+                                 hovertemplate=f"{v}<br>u %{{x:.2f}}<br>$%{{y:.2f}}/Mtok (retraining $%{{customdata:.2f}})<extra></extra>"))
+    fig.update_layout(template="plotly_white", height=460, title="Cost per million output tokens (serving + amortised retraining)",
+                      xaxis_title="utilisation", yaxis_title="USD per million output tokens", yaxis_type="log")
+    return fig
+
+
+def quality_cost_chart(df: pd.DataFrame, at_utilisation: float | None = None) -> go.Figure:
+    """Quality (in-distribution and tail) against cost per token: the price each option charges."""
+    us = sorted(df.utilisation.unique())
+    u = at_utilisation if at_utilisation is not None else us[len(us) // 2]
+    u = min(us, key=lambda x: abs(x - u))
+    g = df[df.utilisation == u].groupby("variant", sort=False)[["usd_per_mtok", "quality_in_distribution", "quality_tail"]].mean().reset_index()
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=g.usd_per_mtok, y=g.quality_in_distribution, mode="markers+text", text=g.variant,
+                             textposition="top center", name="in-distribution", marker={"size": 11, "symbol": "circle"}))
+    fig.add_trace(go.Scatter(x=g.usd_per_mtok, y=g.quality_tail, mode="markers", name="tail",
+                             marker={"size": 11, "symbol": "triangle-down"}, text=g.variant,
+                             hovertemplate="%{text}: tail quality %{y:.3f}<extra></extra>"))
+    fig.update_layout(template="plotly_white", height=480, xaxis_type="log",
+                      title=f"Quality vs cost at utilisation {u:.2f} (quality relative to the BF16 teacher)",
+                      xaxis_title="USD per million output tokens", yaxis_title="quality (share of rubric passes vs teacher)")
+    return fig
+
+
+def utilisation_chart(df: pd.DataFrame) -> go.Figure:
+    """Measured GPU busy fraction and model FLOPs utilisation vs offered utilisation."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("GPU busy fraction (engine stepping)", "model FLOPs utilisation"))
+    names = list(dict.fromkeys(df.variant))
+    col = _colour(names)
+    agg = df.groupby(["variant", "utilisation"], sort=False)[["gpu_busy_fraction", "mfu"]].mean().reset_index()
+    for v in names:
+        g = agg[agg.variant == v].sort_values("utilisation")
+        fig.add_trace(go.Scatter(x=g.utilisation, y=g.gpu_busy_fraction, name=v, legendgroup=v, line={"color": col[v]}), 1, 1)
+        fig.add_trace(go.Scatter(x=g.utilisation, y=g.mfu, name=v, legendgroup=v, showlegend=False, line={"color": col[v]}), 1, 2)
+    fig.update_xaxes(title_text="offered utilisation")
+    fig.update_layout(template="plotly_white", height=440, title="What 'spare compute' really was")
+    return fig
+
+
+def summary_text(df: pd.DataFrame, sp: pd.DataFrame, capacities: dict[str, dict[str, float]] | None = None) -> list[str]:
+    """A few sentences, with numbers, of what the run found."""
+    lines = []
+    us = sorted(df.utilisation.unique())
+    lo, hi = us[0], us[-1]
+    head = sp[sp.metric == HEADLINE]
+    spec_variants = sorted(set(df[df.get("speculative_method", "none") != "none"].variant)) if "speculative_method" in df else []
+    for v in spec_variants:
+        g = head[head.variant == v].set_index("utilisation")
+        if lo in g.index and hi in g.index:
+            ttft = sp[(sp.metric == "ttft_s_p99") & (sp.variant == v) & (sp.utilisation == lo)]["mean"]
+            ttft_s = f"; its p99 TTFT speedup there is {float(ttft.iloc[0]):.2f}x" if len(ttft) else ""
+            lines.append(f"{v}: ITL (TPOT) speedup {g.loc[lo, 'mean']:.2f}x at utilisation {lo:.2f} "
+                         f"and {g.loc[hi, 'mean']:.2f}x at {hi:.2f}{ttft_s}.")
+    for v, u in crossovers(sp).items():
+        if v in spec_variants:
+            lines.append(f"{v}: " + (f"speculation stops paying (speedup < 1.0) at utilisation {u:.2f}." if np.isfinite(u)
+                                     else "the speedup stays above 1.0 over the whole sweep."))
+    mid = us[len(us) // 2]
+    g = df[df.utilisation == mid].groupby("variant", sort=False)[["usd_per_mtok", "quality_tail", "quality_in_distribution"]].mean()
+    if len(g):
+        best = g.usd_per_mtok.idxmin()
+        lines.append(f"At utilisation {mid:.2f} the cheapest option is {best} at ${g.loc[best, 'usd_per_mtok']:.2f} per million "
+                     f"output tokens (tail quality {g.loc[best, 'quality_tail']:.3f}, in-distribution "
+                     f"{g.loc[best, 'quality_in_distribution']:.3f} of the teacher).")
+    if capacities:
+        ref = next(iter(capacities.values())).get("reference_capacity_rps", float("nan"))
+        own = ", ".join(f"{k} {c['capacity_rps']:.2f}" for k, c in capacities.items())
+        lines.append(f"Capacity (req/s at saturation): reference deployment {ref:.2f}; each variant's own: {own}. "
+                     "Utilisation is offered load over the reference capacity, so every variant sees the same traffic.")
+    unstable = df[~df.stable.astype(bool)] if "stable" in df else df.iloc[0:0]
+    if len(unstable):
+        pts = unstable.groupby("variant").utilisation.min()
+        lines.append("Overloaded (unstable) from: " + ", ".join(f"{v} at u={u:.2f}" for v, u in pts.items()) + ".")
+    return lines
+
+
+def write_report(df: pd.DataFrame, sp: pd.DataFrame, out: str | Path, *, spec: Any = None,
+                 capacities: dict[str, dict[str, float]] | None = None) -> Path:
+    """Write report.html: one self-contained file (plotly.js embedded once)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    slo_ttft = spec.base.slo.ttft_p99_s if spec else 2.0
+    slo_itl = spec.base.slo.itl_p99_s if spec else 0.2
+    figs = [
+        ("headline", speedup_chart(sp)),
+        ("latency", latency_chart(df, slo_ttft, slo_itl)),
+        ("cost", cost_chart(df)),
+        ("quality", quality_cost_chart(df)),
+        ("utilisation", utilisation_chart(df)),
+    ]
+    parts = []
+    for i, (name, fig) in enumerate(figs):
+        parts.append(f'<section id="{name}">' + pio.to_html(fig, include_plotlyjs=(i == 0), full_html=False,
+                                                            div_id=f"chart-{name}") + "</section>")
+    title = f"specrack sweep: {spec.name}" if spec else "specrack sweep"
+    summary = "".join(f"<li>{html.escape(s)}</li>" for s in summary_text(df, sp, capacities))
+    setup = ""
+    if spec is not None:
+        b = spec.base
+        setup = (f"<p>Base: {html.escape(b.deployment.model)} ({b.deployment.weights}) on {b.rack.num_gpus}x {b.rack.gpu}, "
+                 f"TP{b.deployment.tensor_parallel}; {len(spec.variants)} variants; utilisation {min(spec.utilisation):.2f}-"
+                 f"{max(spec.utilisation):.2f}; seeds {list(spec.seeds)}; {b.workload.duration_s:.0f} s per run "
+                 f"({b.workload.warmup_s:.0f} s warm-up excluded).</p>")
+    doc = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;color:#222}} li{{margin:.3em 0}}</style>
+</head><body>
+<h1>{html.escape(title)}</h1>
+{setup}
+<h2>What this run found</h2><ul id="summary">{summary}</ul>
+<p>Speedup = baseline / variant for latencies (variant / baseline for throughput), paired by seed at each utilisation;
+95% Student-t intervals over seeds. Tables: results.parquet / results.csv (one row per variant x utilisation x seed) and speedups.csv.</p>
+{''.join(parts)}
+</body></html>"""
+    path = out / "report.html"
+    path.write_text(doc)
+    return path

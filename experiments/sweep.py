@@ -1,0 +1,270 @@
+"""Sweeps as data: a base scenario, variants (overrides), utilisation points and seeds.
+
+Every point is a pure run `(scenario, seed) -> summary row`. Utilisation is anchored to the
+reference variant's deployment (speculation off): `utilisation = u` offers u x that capacity
+to every variant, so all variants at a point see the same request sample (common random numbers).
+Each finished point is written atomically to `out/points/` as it completes, keyed by its scenario
+content and seed: an interrupted sweep loses only the points in flight, and a re-run skips them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from models.errors import ConfigError
+from sim.scenario import Scenario, load_scenario
+from sim.simulate import capacity, simulate
+
+KEY_PARAMS = {
+    "model": ("deployment", "model"), "weights": ("deployment", "weights"), "kv_cache": ("deployment", "kv_cache"),
+    "tensor_parallel": ("deployment", "tensor_parallel"), "gpu": ("rack", "gpu"), "num_gpus": ("rack", "num_gpus"),
+    "distilled_from": ("deployment", "distilled_from"),
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    overrides: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    name: str
+    base: Scenario
+    utilisation: tuple[float, ...]
+    seeds: tuple[int, ...]
+    variants: tuple[Variant, ...]
+    reference: str
+
+
+def default_sweep_path() -> Path:
+    return Path(str(resources.files("experiments") / "sweeps" / "default.toml"))
+
+
+def load_sweep(path: str | Path | None = None, quick: bool = False) -> SweepSpec:
+    """Read a sweep file (the built-in default when None); `quick` applies its [quick] table."""
+    p = Path(path) if path else default_sweep_path()
+    if not p.is_file():
+        raise ConfigError(f"sweep file not found: {p}")
+    try:
+        d = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{p}: invalid TOML: {err}") from None
+    for field in ("base", "utilisation", "variants"):
+        if field not in d:
+            raise ConfigError(f"{p.name}: missing '{field}' (see experiments/sweeps/default.toml)")
+    extra = set(d) - {"name", "base", "utilisation", "seeds", "variants", "reference", "quick", "set"}
+    if extra:
+        raise ConfigError(f"{p.name}: unknown field(s) {sorted(extra)}")
+    utils = d["utilisation"]
+    seeds = d.get("seeds", [1])
+    base_set = dict(d.get("set", {}))
+    if quick and "quick" in d:
+        q = d["quick"]
+        utils = q.get("utilisation", utils)
+        seeds = q.get("seeds", seeds)
+        base_set.update(q.get("set", {}))
+    if not utils or any(not isinstance(u, (int, float)) or u <= 0 for u in utils):
+        raise ConfigError(f"{p.name}: utilisation must be a list of positive numbers, got {utils!r}")
+    if not seeds or any(not isinstance(s, int) for s in seeds):
+        raise ConfigError(f"{p.name}: seeds must be a list of integers, got {seeds!r}")
+    base_path = (p.parent / d["base"]).resolve()
+    base = load_scenario(base_path, base_set or None)
+    variants = []
+    for i, v in enumerate(d["variants"]):
+        if "name" not in v:
+            raise ConfigError(f"{p.name}: variants[{i}] needs a name")
+        variants.append(Variant(v["name"], dict(v.get("set", {}))))
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{p.name}: variant names must be distinct, got {names}")
+    ref = d.get("reference", names[0])
+    if ref not in names:
+        raise ConfigError(f"{p.name}: reference '{ref}' is not a variant (have: {', '.join(names)})")
+    for v in variants:  # validate every variant now: one-line errors before any run
+        try:
+            base.with_overrides(v.overrides)
+        except ConfigError as err:
+            raise ConfigError(f"{p.name}: variant '{v.name}': {err}") from None
+    return SweepSpec(d.get("name", p.stem), base, tuple(float(u) for u in utils), tuple(int(s) for s in seeds),
+                     tuple(variants), ref)
+
+
+def flatten(summary: dict[str, Any]) -> dict[str, Any]:
+    """Summary dict to one flat row: nested latencies become `ttft_s_p99` etc."""
+    row: dict[str, Any] = {}
+    for k, v in summary.items():
+        if k in ("scenario", "versions"):
+            continue
+        if isinstance(v, dict):
+            for kk, vv in v.items():
+                row[f"{k}_{kk}"] = vv
+        else:
+            row[k] = v
+    return row
+
+
+def run_point(task: dict[str, Any]) -> dict[str, Any]:
+    """One point, in a worker: never raises; a failure comes back as a row with `error`."""
+    row = {"variant": task["variant"], "utilisation": task["utilisation"], "seed": task["seed"], "point_key": task["key"]}
+    try:
+        sc = Scenario.model_validate(task["scenario"])
+        res = simulate(sc, task["seed"])
+        row.update(flatten(res.summary))
+        for col, (sec, field) in KEY_PARAMS.items():
+            row[col] = getattr(getattr(sc, sec), field)
+        row["speculative_method"] = sc.speculative.method if sc.speculative else "none"
+        row["speculative_policy"] = sc.speculative.policy if sc.speculative else "none"
+        row["num_speculative_tokens"] = sc.speculative.num_speculative_tokens if sc.speculative else 0
+        row["error"] = ""
+    except Exception as err:  # a failed point is reported, never fatal to the sweep
+        row["error"] = f"{type(err).__name__}: {err}"
+    return row
+
+
+def plan_points(spec: SweepSpec) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
+    """All (variant, utilisation, seed) tasks, and each variant's own capacity."""
+    by_name = {v.name: v for v in spec.variants}
+    ref_sc = spec.base.with_overrides(by_name[spec.reference].overrides)
+    ref_cap = capacity(ref_sc)
+    caps: dict[str, dict[str, float]] = {}
+    tasks = []
+    for v in spec.variants:
+        sc_v = spec.base.with_overrides(v.overrides)
+        own = capacity(sc_v, speculative=True)
+        caps[v.name] = {"capacity_rps": own.rps, "capacity_tok_s": own.tok_s, "reference_capacity_rps": ref_cap.rps}
+        for u in spec.utilisation:
+            sc = sc_v.with_overrides({"workload.rate_rps": u * ref_cap.rps})
+            tasks.extend({"variant": v.name, "utilisation": u, "seed": seed, "key": f"{sc.key()}-{seed}",
+                          "scenario": sc.model_dump(mode="json")} for seed in spec.seeds)
+    return tasks, caps
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class Progress:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.total, self.done, self.label, self.t0 = total, 0, label, time.perf_counter()
+        self.enabled = total > 0
+
+    def step(self, n: int = 1) -> None:
+        self.done += n
+        if not self.enabled:
+            return
+        frac = self.done / self.total
+        el = time.perf_counter() - self.t0
+        eta = el / frac - el if frac > 0 else 0.0
+        bar = "#" * int(30 * frac)
+        sys.stderr.write(f"\r{self.label} [{bar:<30}] {self.done}/{self.total} {el:5.0f}s elapsed, ~{eta:4.0f}s left")
+        sys.stderr.flush()
+        if self.done == self.total:
+            sys.stderr.write("\n")
+
+
+def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, executor: str | cf.Executor = "process",
+              progress: bool = True) -> tuple[pd.DataFrame, dict[str, dict[str, float]]]:
+    """Run (or resume) a sweep into `out`; returns the tidy table and the variants' capacities."""
+    out = Path(out)
+    pts = out / "points"
+    pts.mkdir(parents=True, exist_ok=True)
+    tasks, caps = plan_points(spec)
+    rows: dict[str, dict[str, Any]] = {}
+    todo = []
+    for t in tasks:
+        f = pts / f"{t['key']}.json"
+        if f.is_file():
+            rows[t["key"]] = json.loads(f.read_text())
+        else:
+            todo.append(t)
+    bar = Progress(len(todo), f"sweep {spec.name}") if progress else Progress(0, "")
+
+    def record(row: dict[str, Any]) -> None:
+        if row.get("error"):
+            sys.stderr.write(f"\npoint failed: variant={row['variant']} utilisation={row['utilisation']} seed={row['seed']}: {row['error']}\n")
+        else:
+            _write_atomic(pts / f"{row['point_key']}.json", json.dumps(row, default=float))
+        rows[row["point_key"]] = row
+        bar.step()
+
+    if isinstance(executor, cf.Executor):
+        futs = [executor.submit(run_point, t) for t in todo]
+        for fut in cf.as_completed(futs):
+            record(fut.result())
+    elif executor == "serial" or jobs == 1 or len(todo) <= 1:
+        for t in todo:
+            record(run_point(t))
+    else:
+        with cf.ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as ex:
+            futs = [ex.submit(run_point, t) for t in todo]
+            try:
+                for fut in cf.as_completed(futs):
+                    record(fut.result())
+            except KeyboardInterrupt:
+                for f in futs:
+                    f.cancel()
+                raise
+    order = {t["key"]: i for i, t in enumerate(tasks)}
+    df = pd.DataFrame([rows[k] for k in sorted(rows, key=lambda k: order.get(k, 1 << 30)) if k in order])
+    for name, c in caps.items():
+        for col, val in c.items():
+            df.loc[df.variant == name, col] = val
+    return df, caps
+
+
+def write_tables(df: pd.DataFrame, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_parquet(out / "results.parquet", index=False)
+    df.to_csv(out / "results.csv", index=False)
+
+
+def main_sweep(a: Any) -> int:
+    from experiments.analysis import crossovers, speedups
+    from experiments.report import write_report
+
+    spec = load_sweep(a.sweep_file, quick=a.quick)
+    out = Path(a.out)
+    executor = "serial" if a.executor == "serial" else "process"
+    n = len(spec.variants) * len(spec.utilisation) * len(spec.seeds)
+    print(f"sweep '{spec.name}': {len(spec.variants)} variants x {len(spec.utilisation)} utilisation points x "
+          f"{len(spec.seeds)} seeds = {n} runs -> {out}/", file=sys.stderr)
+    try:
+        df, caps = run_sweep(spec, out, jobs=a.jobs, executor=executor)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: finished points are in {out / 'points'}; run the same command again to resume",
+              file=sys.stderr)
+        return 130
+    write_tables(df, out)
+    ok = df[df.error == ""] if "error" in df else df
+    sp = speedups(ok, spec.reference)
+    sp.to_csv(out / "speedups.csv", index=False)
+    report = write_report(ok, sp, out, spec=spec, capacities=caps)
+    failed = int((df.error != "").sum()) if "error" in df else 0
+    print(f"wrote {out / 'results.parquet'}, {out / 'results.csv'}, {out / 'speedups.csv'}, {report}")
+    spec_variants = set(ok[ok.speculative_method != "none"].variant) if "speculative_method" in ok else set()
+    for v, u in crossovers(sp).items():
+        if v in spec_variants:
+            where = f"crosses 1.0 at utilisation {u:.2f}" if np.isfinite(u) else "stays above 1.0 over the sweep"
+            print(f"  {v}: ITL (TPOT) speedup {where}")
+    if failed:
+        print(f"{failed} point(s) failed; see stderr above", file=sys.stderr)
+        return 1
+    return 0

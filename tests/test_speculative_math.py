@@ -1,0 +1,126 @@
+"""Speculative decoding math: closed forms against Monte Carlo, and the samplers' ranges."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models.speculative import (
+    beta_params,
+    expected_tokens,
+    expected_tokens_table,
+    improvement_factor,
+    sample_acceptance,
+    sample_accepted,
+)
+
+N = 200_000
+Z999 = 3.2905  # two-sided 99.9% normal quantile
+
+
+def _pmf(a: float, k: int, decay: float = 1.0) -> np.ndarray:
+    """P(accepted = j), j = 0..k, from first principles: position i (1-based) passes with
+    a * decay^(i-1); the first failure stops the run."""
+    p = np.zeros(k + 1)
+    surv = 1.0
+    for j in range(k):
+        q = a * decay**j
+        p[j] = surv * (1.0 - q)
+        surv *= q
+    p[k] = surv
+    return p
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 5, 8])
+@pytest.mark.parametrize("a", [0.0, 0.3, 0.6, 0.8, 0.95])
+def test_expected_tokens_closed_form(a: float, k: int) -> None:
+    assert float(expected_tokens(a, k)) == pytest.approx((1 - a ** (k + 1)) / (1 - a), rel=1e-12)
+    assert float(expected_tokens(a, k)) == pytest.approx(float(_pmf(a, k) @ (np.arange(k + 1) + 1)), rel=1e-12)
+
+
+def test_expected_tokens_limits() -> None:
+    assert float(expected_tokens(1.0, 4)) == 5.0  # every draft accepted, plus the bonus token
+    assert float(expected_tokens(0.0, 4)) == 1.0  # only the target's own token
+    np.testing.assert_allclose(expected_tokens(np.array([0.3, 0.8]), 3), [(1 - 0.3**4) / 0.7, (1 - 0.8**4) / 0.2])
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("a", [0.3, 0.6, 0.8, 0.95])
+def test_sampled_mean_matches_expected_tokens(a: float, k: int) -> None:
+    rng = np.random.default_rng(1000 * k + int(100 * a))
+    acc = sample_accepted(rng, np.full(N, a), k)
+    assert acc.min() >= 0
+    assert acc.max() <= k
+    p = _pmf(a, k)
+    j = np.arange(k + 1) + 1.0
+    mean = float(expected_tokens(a, k))
+    sd = float(np.sqrt(p @ (j - mean) ** 2))
+    half = Z999 * sd / np.sqrt(N)  # 99.9% CI of the mean of N draws
+    assert abs((acc + 1).mean() - mean) < half, (acc.mean() + 1, mean, half)
+    # the whole distribution, not only its mean: every P(j) within its own 99.9% CI
+    freq = np.bincount(acc, minlength=k + 1) / N
+    assert np.all(np.abs(freq - p) < Z999 * np.sqrt(p * (1 - p) / N) + 1e-12), (freq, p)
+
+
+@pytest.mark.parametrize(("a", "k", "decay"), [(0.8, 5, 0.9), (0.95, 4, 0.7), (0.6, 3, 0.5)])
+def test_sampled_mean_with_decay(a: float, k: int, decay: float) -> None:
+    rng = np.random.default_rng(7)
+    acc = sample_accepted(rng, np.full(N, a), k, decay)
+    assert acc.min() >= 0 and acc.max() <= k
+    mean = float(expected_tokens(a, k, decay))
+    p = _pmf(a, k, decay)
+    j = np.arange(k + 1) + 1.0
+    assert mean == pytest.approx(float(p @ j), rel=1e-12)
+    assert mean < float(expected_tokens(a, k))  # decay only removes acceptance
+    half = Z999 * float(np.sqrt(p @ (j - mean) ** 2)) / np.sqrt(N)
+    assert abs((acc + 1).mean() - mean) < half
+
+
+def test_sample_accepted_mixed_rates_and_edge_cases() -> None:
+    rng = np.random.default_rng(3)
+    a = np.array([0.0, 1.0, 0.0, 1.0])
+    np.testing.assert_array_equal(sample_accepted(rng, a, 4), [0, 4, 0, 4])
+    assert sample_accepted(rng, np.array([0.5, 0.9]), 0).tolist() == [0, 0]
+    assert sample_accepted(rng, np.array([]), 3).size == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(0.0, 0.999), min_size=1, max_size=8), st.integers(0, 8),
+       st.sampled_from([1.0, 0.9, 0.6]))
+def test_table_agrees_with_expected_tokens(a: list[float], k_max: int, decay: float) -> None:
+    tab = expected_tokens_table(np.array(a), k_max, decay)
+    assert tab.shape == (len(a), k_max + 1)
+    for k in range(k_max + 1):
+        np.testing.assert_allclose(tab[:, k], expected_tokens(np.array(a), k, decay), rtol=1e-9)
+    assert np.all(np.diff(tab, axis=1) >= 0)  # one more draft never emits fewer tokens
+    assert np.all(tab <= np.arange(k_max + 1) + 1)
+
+
+@pytest.mark.parametrize(("a", "k", "c"), [(0.8, 4, 0.05), (0.6, 3, 0.125), (0.95, 7, 0.375), (0.3, 1, 0.0)])
+def test_improvement_factor_formula(a: float, k: int, c: float) -> None:
+    assert improvement_factor(a, k, c) == pytest.approx((1 - a ** (k + 1)) / (1 - a) / (k * c + 1), rel=1e-12)
+
+
+def test_improvement_factor_below_one_for_bad_drafts() -> None:
+    # a poor, expensive draft slows decoding down; a good cheap one speeds it up
+    assert improvement_factor(0.3, 5, 0.4) < 1.0
+    assert improvement_factor(0.9, 5, 0.05) > 3.0
+
+
+def test_sample_acceptance_mean_and_range() -> None:
+    rng = np.random.default_rng(11)
+    mean, spread = 0.7, 0.1
+    draws = sample_acceptance(rng, np.full(N, mean), np.full(N, spread))
+    assert draws.min() >= 0.0 and draws.max() <= 0.999
+    # Beta(alpha, beta) with this mean and sd: the sample mean within its 99.9% CI, sd within 2%
+    assert abs(draws.mean() - mean) < Z999 * spread / np.sqrt(N)
+    assert draws.std() == pytest.approx(spread, rel=0.02)
+    al, be = beta_params(mean, spread)
+    assert al / (al + be) == pytest.approx(mean, rel=1e-12)
+    # spread 0: the class mean itself, no randomness
+    np.testing.assert_array_equal(sample_acceptance(rng, np.array([0.2, 0.5]), np.array([0.0, 0.0])), [0.2, 0.5])
+    # a spread too wide for a Beta is clipped rather than failing
+    wide = sample_acceptance(rng, np.full(1000, 0.5), np.full(1000, 0.9))
+    assert np.all((wide >= 0.0) & (wide <= 0.999))
