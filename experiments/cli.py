@@ -166,7 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--out", default="results")
     w.add_argument("--quick", action="store_true", help="a small version that finishes in well under a minute")
     w.add_argument("--jobs", type=int, default=None, help="parallel processes (default: all cores)")
-    w.add_argument("--executor", default="process", choices=["process", "serial"])
+    w.add_argument("--executor", default="process", choices=["process", "serial", "dask-local", "dask"],
+                   help="process: local process pool (default); dask-local: a Dask LocalCluster; dask: --scheduler")
+    w.add_argument("--scheduler", default=None, help="Dask scheduler address for --executor dask, e.g. tcp://10.0.0.5:8786")
     w.set_defaults(fn=_sweep)
     return p
 

@@ -36,7 +36,7 @@ def speedup_chart(sp: pd.DataFrame, metric: str = HEADLINE) -> go.Figure:
     for v in names:
         g = d[d.variant == v].sort_values("utilisation")
         x = g.utilisation.tolist()
-        fig.add_trace(go.Scatter(x=x + x[::-1], y=g.ci_high.tolist() + g.ci_low.tolist()[::-1], fill="toself",
+        fig.add_trace(go.Scatter(x=x + x[::-1], y=g.ci_high.tolist() + g.ci_low.tolist()[::-1], fill="toself", mode="lines",
                                  fillcolor=_rgba(col[v], 0.15), line={"width": 0}, hoverinfo="skip",
                                  showlegend=False, legendgroup=v))
         fig.add_trace(go.Scatter(x=x, y=g["mean"], mode="lines+markers", name=v, legendgroup=v,
@@ -66,44 +66,65 @@ def latency_chart(df: pd.DataFrame, slo_ttft_s: float, slo_itl_s: float) -> go.F
                                  line={"color": col[v]}), 1, 2)
     fig.add_hline(y=slo_ttft_s, line_dash="dot", line_color="red", annotation_text="SLO", row=1, col=1)
     fig.add_hline(y=slo_itl_s * 1e3, line_dash="dot", line_color="red", annotation_text="SLO", row=1, col=2)
-    fig.update_yaxes(title_text="seconds", type="log", row=1, col=1)
-    fig.update_yaxes(title_text="milliseconds", type="log", row=1, col=2)
+    fig.update_yaxes(title_text="seconds", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text="milliseconds", rangemode="tozero", row=1, col=2)
     fig.update_xaxes(title_text="utilisation")
     fig.update_layout(template="plotly_white", height=460, title="Latency vs load (mean over seeds)")
     return fig
 
 
+def add_sized_cost(df: pd.DataFrame) -> pd.DataFrame:
+    """Cost per Mtok if the rack were sized so the variant runs at utilisation u of its *own*
+    capacity: rack USD/s / (u x own capacity tok/s) + amortised retraining. Speculation lowers
+    a deployment's own capacity, distillation raises it: this is where it shows in dollars."""
+    d = df.copy()
+    rack_usd_s = d.num_gpus * d.usd_per_gpu_hour / 3600.0
+    retrain = d.usd_per_mtok_retraining.fillna(0.0)
+    d["usd_per_mtok_sized"] = rack_usd_s / (d.utilisation * d.capacity_tok_s) * 1e6 + retrain
+    d["usd_per_mtok_at_capacity"] = rack_usd_s / d.capacity_tok_s * 1e6 + retrain
+    return d
+
+
 def cost_chart(df: pd.DataFrame) -> go.Figure:
-    """Cost per million output tokens vs utilisation, including amortised retraining."""
-    names = list(dict.fromkeys(df.variant))
+    """Cost per million output tokens vs utilisation, including amortised retraining: on this
+    rack at this load (left), and with the rack sized to each variant's own capacity (right)."""
+    d = add_sized_cost(df)
+    names = list(dict.fromkeys(d.variant))
     col = _colour(names)
-    agg = df.groupby(["variant", "utilisation"], sort=False)[["usd_per_mtok", "usd_per_mtok_retraining"]].mean().reset_index()
-    fig = go.Figure()
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("this rack at this load (same traffic for all)",
+                                                        "rack sized to the variant (u of its own capacity)"))
+    agg = d.groupby(["variant", "utilisation"], sort=False)[["usd_per_mtok", "usd_per_mtok_sized",
+                                                              "usd_per_mtok_retraining"]].mean().reset_index()
     for v in names:
         g = agg[agg.variant == v].sort_values("utilisation")
-        fig.add_trace(go.Scatter(x=g.utilisation, y=g.usd_per_mtok, name=v, line={"color": col[v]},
-                                 customdata=g.usd_per_mtok_retraining,
-                                 hovertemplate=f"{v}<br>u %{{x:.2f}}<br>$%{{y:.2f}}/Mtok (retraining $%{{customdata:.2f}})<extra></extra>"))
-    fig.update_layout(template="plotly_white", height=460, title="Cost per million output tokens (serving + amortised retraining)",
-                      xaxis_title="utilisation", yaxis_title="USD per million output tokens", yaxis_type="log")
+        for c, ycol in ((1, "usd_per_mtok"), (2, "usd_per_mtok_sized")):
+            fig.add_trace(go.Scatter(x=g.utilisation, y=g[ycol], name=v, legendgroup=v, showlegend=c == 1,
+                                     line={"color": col[v]}, customdata=g.usd_per_mtok_retraining,
+                                     hovertemplate=f"{v}<br>u %{{x:.2f}}<br>$%{{y:.2f}}/Mtok "
+                                                   f"(retraining $%{{customdata:.3f}})<extra></extra>"), 1, c)
+    fig.update_yaxes(title_text="USD per million output tokens", rangemode="tozero")
+    fig.update_xaxes(title_text="utilisation")
+    fig.update_layout(template="plotly_white", height=460,
+                      title="Cost per million output tokens (serving + amortised retraining)")
     return fig
 
 
-def quality_cost_chart(df: pd.DataFrame, at_utilisation: float | None = None) -> go.Figure:
-    """Quality (in-distribution and tail) against cost per token: the price each option charges."""
-    us = sorted(df.utilisation.unique())
-    u = at_utilisation if at_utilisation is not None else us[len(us) // 2]
-    u = min(us, key=lambda x: abs(x - u))
-    g = df[df.utilisation == u].groupby("variant", sort=False)[["usd_per_mtok", "quality_in_distribution", "quality_tail"]].mean().reset_index()
+def quality_cost_chart(df: pd.DataFrame) -> go.Figure:
+    """Quality (in-distribution and tail) against cost per token at each variant's own capacity:
+    the price each option charges."""
+    d = add_sized_cost(df)
+    g = d.groupby("variant", sort=False)[["usd_per_mtok_at_capacity", "quality_in_distribution", "quality_tail"]].mean().reset_index()
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=g.usd_per_mtok, y=g.quality_in_distribution, mode="markers+text", text=g.variant,
-                             textposition="top center", name="in-distribution", marker={"size": 11, "symbol": "circle"}))
-    fig.add_trace(go.Scatter(x=g.usd_per_mtok, y=g.quality_tail, mode="markers", name="tail",
-                             marker={"size": 11, "symbol": "triangle-down"}, text=g.variant,
-                             hovertemplate="%{text}: tail quality %{y:.3f}<extra></extra>"))
-    fig.update_layout(template="plotly_white", height=480, xaxis_type="log",
-                      title=f"Quality vs cost at utilisation {u:.2f} (quality relative to the BF16 teacher)",
-                      xaxis_title="USD per million output tokens", yaxis_title="quality (share of rubric passes vs teacher)")
+    for i, r in g.iterrows():
+        c = PALETTE[i % len(PALETTE)]
+        fig.add_trace(go.Scatter(x=[r.usd_per_mtok_at_capacity] * 2, y=[r.quality_tail, r.quality_in_distribution],
+                                 mode="lines+markers", name=r.variant, line={"color": c},
+                                 marker={"symbol": ["triangle-down", "circle"], "size": 11},
+                                 hovertemplate=f"{r.variant}<br>$%{{x:.2f}}/Mtok<br>quality %{{y:.3f}}<extra></extra>"))
+    fig.update_layout(template="plotly_white", height=480,
+                      title="Quality vs cost (circle: in-distribution, triangle: tail; relative to the BF16 teacher)",
+                      xaxis_title="USD per million output tokens at the variant's own capacity",
+                      yaxis_title="quality (share of rubric passes vs teacher)")
     return fig
 
 
@@ -140,13 +161,13 @@ def summary_text(df: pd.DataFrame, sp: pd.DataFrame, capacities: dict[str, dict[
         if v in spec_variants:
             lines.append(f"{v}: " + (f"speculation stops paying (speedup < 1.0) at utilisation {u:.2f}." if np.isfinite(u)
                                      else "the speedup stays above 1.0 over the whole sweep."))
-    mid = us[len(us) // 2]
-    g = df[df.utilisation == mid].groupby("variant", sort=False)[["usd_per_mtok", "quality_tail", "quality_in_distribution"]].mean()
+    g = add_sized_cost(df).groupby("variant", sort=False)[["usd_per_mtok_at_capacity", "quality_tail", "quality_in_distribution"]].mean()
     if len(g):
-        best = g.usd_per_mtok.idxmin()
-        lines.append(f"At utilisation {mid:.2f} the cheapest option is {best} at ${g.loc[best, 'usd_per_mtok']:.2f} per million "
+        best = g.usd_per_mtok_at_capacity.idxmin()
+        lines.append(f"Cheapest per token at its own capacity: {best} at ${g.loc[best, 'usd_per_mtok_at_capacity']:.2f} per million "
                      f"output tokens (tail quality {g.loc[best, 'quality_tail']:.3f}, in-distribution "
-                     f"{g.loc[best, 'quality_in_distribution']:.3f} of the teacher).")
+                     f"{g.loc[best, 'quality_in_distribution']:.3f} of the teacher); "
+                     + ", ".join(f"{v} ${r.usd_per_mtok_at_capacity:.2f}" for v, r in g.iterrows()) + ".")
     if capacities:
         ref = next(iter(capacities.values())).get("reference_capacity_rps", float("nan"))
         own = ", ".join(f"{k} {c['capacity_rps']:.2f}" for k, c in capacities.items())

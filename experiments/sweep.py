@@ -10,11 +10,13 @@ content and seed: an interrupted sweep loses only the points in flight, and a re
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import json
 import os
 import sys
 import time
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -230,6 +232,33 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, exec
     return df, caps
 
 
+@contextlib.contextmanager
+def executor_for(kind: str, *, jobs: int | None = None, scheduler: str | None = None) -> Iterator[str | cf.Executor]:
+    """The executor a sweep runs on: "process" (local pool, the default), "serial", "dask-local"
+    (a Dask LocalCluster of `jobs` worker processes) or "dask" (an existing Dask scheduler).
+    Dask's client executor is a concurrent.futures.Executor, so points run the same everywhere."""
+    if kind in ("process", "serial"):
+        yield kind
+        return
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise ConfigError("Dask executors need the 'dask' extra: pip install -e '.[dask]'") from None
+    if kind == "dask-local":
+        with LocalCluster(n_workers=jobs or os.cpu_count() or 1, threads_per_worker=1, processes=True,
+                          dashboard_address=None) as cluster, Client(cluster) as client:
+            yield client.get_executor()
+    elif kind == "dask":
+        try:
+            client = Client(scheduler, timeout=30)
+        except OSError as err:
+            raise ConfigError(f"--scheduler {scheduler}: cannot connect to a Dask scheduler ({err})") from None
+        with client:
+            yield client.get_executor()
+    else:
+        raise ConfigError(f"unknown executor '{kind}' (process | serial | dask-local | dask)")
+
+
 def write_tables(df: pd.DataFrame, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     df.to_parquet(out / "results.parquet", index=False)
@@ -242,12 +271,14 @@ def main_sweep(a: Any) -> int:
 
     spec = load_sweep(a.sweep_file, quick=a.quick)
     out = Path(a.out)
-    executor = "serial" if a.executor == "serial" else "process"
+    if a.executor == "dask" and not a.scheduler:
+        raise ConfigError("--executor dask needs --scheduler tcp://HOST:PORT (or use --executor dask-local)")
     n = len(spec.variants) * len(spec.utilisation) * len(spec.seeds)
     print(f"sweep '{spec.name}': {len(spec.variants)} variants x {len(spec.utilisation)} utilisation points x "
           f"{len(spec.seeds)} seeds = {n} runs -> {out}/", file=sys.stderr)
     try:
-        df, caps = run_sweep(spec, out, jobs=a.jobs, executor=executor)
+        with executor_for(a.executor, jobs=a.jobs, scheduler=getattr(a, "scheduler", None)) as executor:
+            df, caps = run_sweep(spec, out, jobs=a.jobs, executor=executor)
     except KeyboardInterrupt:
         print(f"\ninterrupted: finished points are in {out / 'points'}; run the same command again to resume",
               file=sys.stderr)

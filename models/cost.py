@@ -192,7 +192,7 @@ class CostModel:
             raise ConfigError("new_tokens and context must have one entry per sequence")
         if n.size and (n.min() < 0 or c.min() < 0):
             raise ConfigError("new_tokens and context must be >= 0")
-        pairs = float(np.dot(n, c) + 0.5 * np.dot(n, n + 1.0))
+        pairs = float((n * c).sum() + 0.5 * (n * (n + 1.0)).sum())
         return self.step_sums(int(np.count_nonzero(n)), float(n.sum()), float(c[n > 0].sum()), pairs, step_overhead=step_overhead)
 
     def uniform(self, batch: int, context: int, new_tokens: int = 1, *, step_overhead: bool = True) -> StepCost:

@@ -5,7 +5,8 @@ Each step, in this order (vLLM v1-like):
    speculating: k drafted tokens verified plus one from the target); KV blocks for them are
    reserved, preempting the youngest sequences (recompute) while blocks run short;
 2. prefill: the token budget left (max_num_batched_tokens) goes to partly prefilled sequences in
-   admission order, then to waiting requests (FCFS) while a slot (max_num_seqs) and blocks exist;
+   admission order, then to waiting requests (FCFS) while a slot (max_num_seqs) and blocks exist,
+   unless step 1 preempted (vLLM v1 admits nothing in such a step);
 3. the step lasts the cost model's time for that batch (plus draft passes and machinery overhead
    when speculating); at its end tokens are emitted, finished sequences leave.
 
@@ -154,14 +155,15 @@ class Replica:
             dc = spec.draft_cost
             if dc is not None:
                 if k > 0 and n_dec:
-                    # k autoregressive draft passes over the decoding sequences (weights and KV
-                    # read each pass); the first also ingests the last verified token
-                    for i in range(k):
-                        d = dc.step_sums(n_dec, n_dec * (2 if i == 0 else 1), ctx_dec + i * n_dec,
-                                         ctx_dec + n_dec * (i + 1.0), step_overhead=False)
-                        draft_s += d.total_s
-                        flops += d.flops
-                        nbytes += d.bytes
+                    # k autoregressive draft passes over the decoding sequences, weights and KV
+                    # read each pass; the context grows by one token per pass, so k passes cost
+                    # k x the pass at the mean context (exact while the pass stays in one
+                    # roofline regime)
+                    mean_ctx = ctx_dec + n_dec * (k - 1) / 2.0
+                    d = dc.step_sums(n_dec, n_dec, mean_ctx, mean_ctx + n_dec, step_overhead=False)
+                    draft_s += k * d.total_s
+                    flops += k * d.flops
+                    nbytes += k * d.bytes
                 if pre_tokens:
                     d = dc.step_sums(n_pre, pre_tokens, pre_ctx, pre_pairs, step_overhead=False)
                     draft_s += d.total_s
@@ -186,6 +188,7 @@ class Replica:
             k = self._choose_k(dec)
             q = k + 1
             # 1. reserve KV blocks for decode tokens, preempting the youngest while short
+            preempted = False
             while True:
                 need = np.where(dec, -(-(self.computed + q) // BLOCK_SIZE) - self.blocks, 0)
                 need_total = int(need.sum())
@@ -194,6 +197,7 @@ class Replica:
                 cand = np.flatnonzero(self.rid >= 0)
                 victim = int(cand[np.argmax(self.order[cand])])
                 self._preempt(victim)
+                preempted = True
                 dec[victim] = False
             if need_total:
                 self.blocks += need
@@ -215,7 +219,10 @@ class Replica:
                 chunk_slots.append(int(slot))
                 chunks.append(c)
                 budget -= c
-            while budget > 0 and self.waiting and self.n_running < rt.max_num_seqs and self.free_blocks > 0:
+            # (as vLLM v1: no admissions in a step that had to preempt, or the victim, back at the
+            # head of the queue, would be readmitted into the blocks just taken from it)
+            while (not preempted and budget > 0 and self.waiting and self.n_running < rt.max_num_seqs
+                   and self.free_blocks > 0):
                 rid = self.waiting[0]
                 slot = int(np.argmin(self.rid))  # a free slot holds -1
                 # admit only if the first chunk gets at least one block
@@ -248,7 +255,7 @@ class Replica:
             pre_ctx_arr = self.computed[cs].astype(np.float64)
             pre_tokens = float(ch.sum())
             pre_ctx = float(pre_ctx_arr.sum())
-            pre_pairs = float(np.dot(ch, pre_ctx_arr) + 0.5 * np.dot(ch, ch + 1.0))
+            pre_pairs = float((ch * pre_ctx_arr).sum() + 0.5 * (ch * (ch + 1.0)).sum())
             ctx_dec = float(self.computed[dec].sum())
             total_s, target_s, draft_s, over_s, flops, nbytes = self._spec_cost(
                 n_dec, ctx_dec, k, n_pre, pre_tokens, pre_ctx, pre_pairs)

@@ -32,7 +32,7 @@ def dist(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float]:
     order = np.argsort(x, kind="stable")
     xs, ws = x[order], w[order]
     cum = np.cumsum(ws) / ws.sum()
-    out = {"mean": float(np.dot(xs, ws) / ws.sum())}
+    out = {"mean": float((xs * ws).sum() / ws.sum())}  # no BLAS dot: summation order must not depend on threads
     for p in PERCENTILES:
         out[f"p{p}"] = float(xs[min(np.searchsorted(cum, p / 100.0), xs.size - 1)])
     return out
@@ -88,7 +88,7 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     s["mfu"] = float(st.flops.sum()) / (gpu_time * peak_flops)
     s["hbm_bw_utilisation"] = float(st.bytes.sum()) / (gpu_time * mem_bw)
     dur = st.duration_s.to_numpy()
-    s["mean_batch_size"] = float(np.dot(st.batch_size, dur) / dur.sum()) if dur.sum() > 0 else 0.0
+    s["mean_batch_size"] = float((st.batch_size.to_numpy() * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0
     s["preemptions"] = int(req.preemptions.sum())
     prop = float(req.draft_proposed.sum())
     s["acceptance_rate"] = float(req.draft_accepted.sum()) / prop if prop else float("nan")

@@ -196,7 +196,7 @@ class SLO(_Strict):
 
 
 class SimSettings(_Strict):
-    drain_s: Annotated[float, Field(ge=0)] | None = None  # default: duration_s
+    drain_s: Annotated[float, Field(ge=0)] | None = None  # default: max(duration_s, 600)
     backlog_limit: Annotated[int, Field(ge=1)] | None = None  # waiting requests per replica
 
 

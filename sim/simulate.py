@@ -115,7 +115,7 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     env.process(_arrivals(env, arrival, replicas, sc.deployment.router, stop, limit))
     replicas.extend(Replica(env, i, rt, reqs, rngs[i], log) for i in range(rt.num_replicas))
     last = float(arrival[-1]) if arrival.size else 0.0
-    drain = sc.sim.drain_s if sc.sim.drain_s is not None else max(wl.duration_s, 60.0)
+    drain = sc.sim.drain_s if sc.sim.drain_s is not None else max(wl.duration_s, 600.0)
     horizon = horizon_s if horizon_s is not None else last + drain
     done_ev = env.process(_watch_done(env, reqs))
     env.run(until=simpy.AnyOf(env, [stop, env.timeout(horizon), done_ev]))
@@ -199,6 +199,7 @@ def _economics(sc: Scenario, rt: ReplicaRuntime, req: pd.DataFrame, s: dict[str,
     tok_s = s["throughput_tok_s"]
     retrain_month = rt.retraining.usd_per_month if rt.retraining else 0.0
     out["retraining_usd_per_month"] = retrain_month
+    out["usd_per_gpu_hour"] = rt.usd_per_gpu_hour
     out["serving_usd_per_month"] = rack_usd_s * 30 * 86400
     if tok_s > 0:
         serving = rack_usd_s / tok_s * 1e6
