@@ -108,8 +108,11 @@ def check_scenario(sc: Scenario) -> None:
         teacher = get_model(dep.distilled_from)
         if teacher.params_total <= target.params_total:
             raise ValueError(f"deployment.distilled_from '{teacher.name}' must be larger than the student '{target.name}'")
-    # memory must fit (raises ConfigError with the shortfall)
-    build_runtime(sc)
+    # memory must fit (a ConfigError with the shortfall)
+    try:
+        build_runtime(sc)
+    except ConfigError as err:
+        raise ValueError(f"deployment (model, tensor_parallel, weights): {err}") from None
 
 
 def build_runtime(sc: Scenario) -> ReplicaRuntime:

@@ -72,7 +72,15 @@ class Requests:
 
 
 class Replica:
-    """A tensor-parallel replica running a continuous-batching engine loop."""
+    """A tensor-parallel replica running a continuous-batching engine loop.
+
+    Running sequences are packed in the first `n_running` entries of the state arrays, in
+    admission order (admissions append, departures compact in order): the oldest is first, the
+    youngest (the preemption victim) last, and every per-step operation touches only the running
+    sequences, never history.
+    """
+
+    _FIELDS = ("rid", "computed", "target", "blocks", "gen", "out", "acc", "n_acc", "n_prop", "n_verify")
 
     def __init__(self, env: simpy.Environment, idx: int, rt: ReplicaRuntime, reqs: Requests,
                  rng: np.random.Generator, log: StepLog) -> None:
@@ -81,15 +89,16 @@ class Replica:
         self.rid = np.full(s, -1, dtype=np.int64)
         self.computed = np.zeros(s, dtype=np.int64)  # tokens whose KV is computed
         self.target = np.zeros(s, dtype=np.int64)  # tokens to prefill before decoding
-        self.blocks = np.zeros(s, dtype=np.int64)
-        self.order = np.zeros(s, dtype=np.int64)  # admission sequence number
-        self.acc = np.zeros(s)
-        self.acc_est_num = np.zeros(s)
-        self.acc_est_den = np.zeros(s)
+        self.blocks = np.zeros(s, dtype=np.int64)  # KV blocks held
+        self.gen = np.zeros(s, dtype=np.int64)  # output tokens generated (kept across preemption)
+        self.out = np.zeros(s, dtype=np.int64)  # output tokens the request will generate
+        self.acc = np.zeros(s)  # per-token acceptance rate of the request
+        self.n_acc = np.zeros(s, dtype=np.int64)  # drafted tokens accepted so far
+        self.n_prop = np.zeros(s, dtype=np.int64)  # drafted tokens proposed so far
+        self.n_verify = np.zeros(s, dtype=np.int64)  # verification steps so far
         self.free_blocks = rt.plan.num_blocks
         self.waiting: deque[int] = deque()
         self.n_running = 0
-        self.admitted = 0
         self.wakeup = env.event()
         self.idle = True
         self.busy_s = 0.0
@@ -105,16 +114,53 @@ class Replica:
         if self.idle and not self.wakeup.triggered:
             self.wakeup.succeed()
 
-    # ------------------------------------------------------------- helpers
-    def _preempt(self, slot: int) -> None:
-        rid = int(self.rid[slot])
-        self.free_blocks += int(self.blocks[slot])
-        self.rid[slot] = -1
-        self.blocks[slot] = 0
-        self.computed[slot] = 0
-        self.n_running -= 1
+    # ------------------------------------------------------------- state
+    def _sync(self, idx: np.ndarray | slice) -> None:
+        """Write per-request counters of these running entries back to the request table."""
+        r = self.rid[idx]
+        reqs = self.reqs
+        reqs.generated[r] = self.gen[idx]
+        reqs.accepted[r] = self.n_acc[idx]
+        reqs.proposed[r] = self.n_prop[idx]
+        reqs.verify_steps[r] = self.n_verify[idx]
+
+    def sync(self) -> None:
+        """Flush the running sequences' counters (at the end of a run)."""
+        self._sync(slice(0, self.n_running))
+
+    def _admit(self, rid: int) -> int:
+        i = self.n_running
+        reqs = self.reqs
+        self.rid[i] = rid
+        self.computed[i] = 0
+        self.blocks[i] = 0
+        self.gen[i] = reqs.generated[rid]
+        self.out[i] = reqs.output[rid]
+        self.target[i] = reqs.prompt[rid] + reqs.generated[rid]  # recompute: prompt + output so far
+        self.acc[i] = reqs.acceptance[rid]
+        self.n_acc[i] = reqs.accepted[rid]
+        self.n_prop[i] = reqs.proposed[rid]
+        self.n_verify[i] = reqs.verify_steps[rid]
+        self.n_running = i + 1
+        return i
+
+    def _preempt_youngest(self) -> None:
+        """Preempt by recompute the most recently admitted sequence (the last entry)."""
+        i = self.n_running - 1
+        self._sync(slice(i, i + 1))
+        rid = int(self.rid[i])
+        self.free_blocks += int(self.blocks[i])
         self.reqs.preemptions[rid] += 1
         self.waiting.appendleft(rid)
+        self.n_running = i
+
+    def _compact(self, keep: np.ndarray) -> None:
+        n = self.n_running
+        m = int(keep.sum())
+        for f in self._FIELDS:
+            a = getattr(self, f)
+            a[:m] = a[:n][keep]
+        self.n_running = m
 
     def _choose_k(self, dec: np.ndarray) -> int:
         spec = self.rt.spec
@@ -124,16 +170,18 @@ class Replica:
             return spec.k
         if spec.policy == "disable_above_batch":
             return 0 if self.n_running > spec.disable_batch_size else spec.k
-        # adaptive: maximise expected emitted tokens per second of step time, k = 0..k_max
+        # adaptive: maximise expected emitted tokens per second of step time, k = 0..k_max, with
+        # each request's acceptance estimated from what it has had accepted (prior 0.7, weight 4)
         if not dec.any():
             return 0
-        est = (self.acc_est_num[dec] + 0.7 * 4.0) / (self.acc_est_den[dec] + 4.0)
+        n = self.n_running
+        est = (self.n_acc[:n][dec] + 0.7 * 4.0) / (self.n_prop[:n][dec] + 4.0)
         exp_tokens = expected_tokens_table(est, spec.k, spec.decay).sum(axis=0)
-        n = int(dec.sum())
-        ctx = float(self.computed[dec].sum())
+        n_dec = int(dec.sum())
+        ctx = float(self.computed[:n][dec].sum())
         best_k, best = 0, -1.0
         for k in range(spec.k + 1):
-            t = self._spec_cost(n, ctx, k, 0, 0.0, 0.0, 0.0)[0]
+            t = self._spec_cost(n_dec, ctx, k, 0, 0.0, 0.0, 0.0)[0]
             rate = exp_tokens[k] / t
             if rate > best * (1.0 + 1e-9):
                 best_k, best = k, rate
@@ -183,80 +231,65 @@ class Replica:
                 self.wakeup = env.event()
                 yield self.wakeup
                 self.idle = False
-            active = self.rid >= 0
-            dec = active & (self.computed >= self.target)
+            n = self.n_running
+            dec = self.computed[:n] >= self.target[:n]
             k = self._choose_k(dec)
             q = k + 1
             # 1. reserve KV blocks for decode tokens, preempting the youngest while short
             preempted = False
             while True:
-                need = np.where(dec, -(-(self.computed + q) // BLOCK_SIZE) - self.blocks, 0)
+                need = np.where(dec, -(-(self.computed[:n] + q) // BLOCK_SIZE) - self.blocks[:n], 0)
                 need_total = int(need.sum())
                 if need_total <= self.free_blocks:
                     break
-                cand = np.flatnonzero(self.rid >= 0)
-                victim = int(cand[np.argmax(self.order[cand])])
-                self._preempt(victim)
+                self._preempt_youngest()
                 preempted = True
-                dec[victim] = False
+                n = self.n_running
+                dec = dec[:n]
             if need_total:
-                self.blocks += need
+                self.blocks[:n] += need
                 self.free_blocks -= need_total
-            n_dec = int(dec.sum())
+            ds = np.flatnonzero(dec)
+            n_dec = int(ds.size)
             budget = budget_max - n_dec * q
-            # 2. prefill chunks: partial prefills (oldest first), then new admissions (FCFS)
-            chunk_slots: list[int] = []
+            # 2. prefill chunks: partial prefills (oldest first), then new admissions (FCFS);
+            # as in vLLM v1, nothing is admitted in a step that had to preempt (the victim, back
+            # at the head of the queue, would be readmitted into the blocks just taken from it)
+            chunk_idx: list[int] = []
             chunks: list[int] = []
-            partial = np.flatnonzero((self.rid >= 0) & (self.computed < self.target))
-            if partial.size:
-                partial = partial[np.argsort(self.order[partial], kind="stable")]
-            for slot in partial:
-                if budget <= 0:
-                    break
-                c = self._fit_chunk(int(slot), budget)
-                if c <= 0:
-                    break
-                chunk_slots.append(int(slot))
-                chunks.append(c)
-                budget -= c
-            # (as vLLM v1: no admissions in a step that had to preempt, or the victim, back at the
-            # head of the queue, would be readmitted into the blocks just taken from it)
+            if n_dec < n:
+                for i in np.flatnonzero(~dec):
+                    if budget <= 0:
+                        break
+                    c = self._fit_chunk(int(i), budget)
+                    if c <= 0:
+                        break
+                    chunk_idx.append(int(i))
+                    chunks.append(c)
+                    budget -= c
             while (not preempted and budget > 0 and self.waiting and self.n_running < rt.max_num_seqs
                    and self.free_blocks > 0):
-                rid = self.waiting[0]
-                slot = int(np.argmin(self.rid))  # a free slot holds -1
-                # admit only if the first chunk gets at least one block
-                self.waiting.popleft()
-                self.rid[slot] = rid
-                self.computed[slot] = 0
-                self.blocks[slot] = 0
-                self.target[slot] = reqs.prompt[rid] + reqs.generated[rid]
-                self.order[slot] = self.admitted
-                self.acc[slot] = reqs.acceptance[rid]
-                self.acc_est_num[slot] = reqs.accepted[rid]
-                self.acc_est_den[slot] = reqs.proposed[rid]
-                self.admitted += 1
-                self.n_running += 1
-                c = self._fit_chunk(slot, budget)
+                rid = self.waiting.popleft()
+                i = self._admit(rid)
+                c = self._fit_chunk(i, budget)
                 if np.isnan(reqs.scheduled[rid]):
                     reqs.scheduled[rid] = env.now
-                chunk_slots.append(slot)
+                chunk_idx.append(i)
                 chunks.append(c)
                 budget -= c
-            n_pre = len(chunk_slots)
+            n_pre = len(chunk_idx)
             if n_dec == 0 and n_pre == 0:
                 # nothing fits (KV exhausted by partial prefills): preempt the youngest and retry
-                cand = np.flatnonzero(self.rid >= 0)
-                if cand.size:
-                    self._preempt(int(cand[np.argmax(self.order[cand])]))
+                if self.n_running:
+                    self._preempt_youngest()
                 continue
-            cs = np.asarray(chunk_slots, dtype=np.int64)
+            cs = np.asarray(chunk_idx, dtype=np.int64)
             ch = np.asarray(chunks, dtype=np.float64)
             pre_ctx_arr = self.computed[cs].astype(np.float64)
             pre_tokens = float(ch.sum())
             pre_ctx = float(pre_ctx_arr.sum())
             pre_pairs = float((ch * pre_ctx_arr).sum() + 0.5 * (ch * (ch + 1.0)).sum())
-            ctx_dec = float(self.computed[dec].sum())
+            ctx_dec = float(self.computed[ds].sum())
             total_s, target_s, draft_s, over_s, flops, nbytes = self._spec_cost(
                 n_dec, ctx_dec, k, n_pre, pre_tokens, pre_ctx, pre_pairs)
             start = env.now
@@ -266,61 +299,57 @@ class Replica:
             # 3a. decode / verification results
             emitted_total = 0
             if n_dec:
-                ds = np.flatnonzero(dec)
-                rids = self.rid[ds]
-                left = reqs.output[rids] - reqs.generated[rids]
+                left = self.out[ds] - self.gen[ds]
                 if spec is not None and k > 0:
                     acc = sample_accepted(self.rng, self.acc[ds], k, spec.decay)
                     emit = np.minimum(acc + 1, left)
-                    used = np.minimum(acc, emit)
-                    reqs.proposed[rids] += k
-                    reqs.accepted[rids] += used
-                    reqs.verify_steps[rids] += 1
-                    self.acc_est_num[ds] += used
-                    self.acc_est_den[ds] += k
+                    self.n_prop[ds] += k
+                    self.n_acc[ds] += np.minimum(acc, emit)
+                    self.n_verify[ds] += 1
                 else:
                     emit = np.minimum(1, left)
-                reqs.generated[rids] += emit
+                self.gen[ds] += emit
                 self.computed[ds] += emit
                 emitted_total += int(emit.sum())
                 # release blocks reserved for rejected draft tokens
-                keep = -(-self.computed[ds] // BLOCK_SIZE)
-                self.free_blocks += int((self.blocks[ds] - keep).sum())
-                self.blocks[ds] = keep
+                if k > 0:
+                    keep = -(-self.computed[ds] // BLOCK_SIZE)
+                    self.free_blocks += int((self.blocks[ds] - keep).sum())
+                    self.blocks[ds] = keep
             # 3b. prefill progress; a finished prefill samples one token
             if n_pre:
                 self.computed[cs] += ch.astype(np.int64)
                 done = cs[self.computed[cs] >= self.target[cs]]
                 if done.size:
-                    rids = self.rid[done]
-                    first = reqs.generated[rids] == 0
-                    reqs.first_token[rids[first]] = now
-                    reqs.generated[rids] += 1
+                    first = self.gen[done] == 0
+                    reqs.first_token[self.rid[done[first]]] = now
+                    self.gen[done] += 1
                     emitted_total += int(done.size)
             # 3c. finished sequences leave
-            fin = np.flatnonzero((self.rid >= 0) & (reqs.generated[np.maximum(self.rid, 0)] >= reqs.output[np.maximum(self.rid, 0)]))
-            if fin.size:
-                reqs.completion[self.rid[fin]] = now
-                self.free_blocks += int(self.blocks[fin].sum())
-                self.blocks[fin] = 0
-                self.rid[fin] = -1
-                self.n_running -= int(fin.size)
+            n = self.n_running
+            fin = self.gen[:n] >= self.out[:n]
+            if fin.any():
+                f = np.flatnonzero(fin)
+                self._sync(f)
+                reqs.completion[self.rid[f]] = now
+                self.free_blocks += int(self.blocks[f].sum())
+                self._compact(~fin)
             used_blocks = self.rt.plan.num_blocks - self.free_blocks
             self.log.append((self.idx, start, total_s, n_dec + n_pre, n_dec, pre_tokens, n_dec * q, emitted_total, k,
                              used_blocks, len(self.waiting), flops, nbytes, target_s, draft_s, over_s))
 
-    def _fit_chunk(self, slot: int, budget: int) -> int:
-        """Largest prefill chunk for this slot within the token budget and the free KV blocks;
+    def _fit_chunk(self, i: int, budget: int) -> int:
+        """Largest prefill chunk for entry i within the token budget and the free KV blocks;
         reserves its blocks."""
-        remaining = int(self.target[slot] - self.computed[slot])
+        remaining = int(self.target[i] - self.computed[i])
         c = min(remaining, budget)
-        have = int(self.blocks[slot]) * BLOCK_SIZE - int(self.computed[slot])  # room in held blocks
+        have = int(self.blocks[i]) * BLOCK_SIZE - int(self.computed[i])  # room in held blocks
         if c > have:
             extra_blocks = -(-(c - have) // BLOCK_SIZE)
             if extra_blocks > self.free_blocks:
                 extra_blocks = self.free_blocks
                 c = min(c, have + extra_blocks * BLOCK_SIZE)
-            self.blocks[slot] += extra_blocks
+            self.blocks[i] += extra_blocks
             self.free_blocks -= extra_blocks
         return max(0, c)
 

@@ -268,15 +268,16 @@ def parse_set(items: list[str]) -> dict[str, Any]:
 
 def _fmt_error(err: ValidationError) -> str:
     e = err.errors()[0]
-    loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-")) or "scenario"
+    loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
     msg = e["msg"].removeprefix("Value error, ")
     if e["type"] == "extra_forbidden":
         return f"{loc}: unknown field (remove it or check its spelling)"
     if e["type"] == "missing":
         return f"{loc}: missing required field"
     bad = e.get("input")
-    shown = "" if isinstance(bad, dict) else f" (got {bad!r})"
-    return f"{loc}: {msg}{shown}"
+    shown = "" if isinstance(bad, dict) or repr(bad) in msg or f"'{bad}'" in msg else f" (got {bad!r})"
+    # model-level validators already start with the field they are about
+    return f"{loc}: {msg}{shown}" if loc else f"{msg}{shown}"
 
 
 def scenario_from_dict(data: dict[str, Any]) -> Scenario:

@@ -119,6 +119,8 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     horizon = horizon_s if horizon_s is not None else last + drain
     done_ev = env.process(_watch_done(env, reqs))
     env.run(until=simpy.AnyOf(env, [stop, env.timeout(horizon), done_ev]))
+    for r in replicas:
+        r.sync()
     truncated = stop.triggered
     req_df = pd.DataFrame({
         "id": table.id.to_numpy(), "cls": table.cls.to_numpy(), "replica": reqs.replica,
