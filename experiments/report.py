@@ -27,29 +27,39 @@ def _rgba(hex_colour: str, alpha: float) -> str:
     return f"rgba({int(h[0:2], 16)},{int(h[2:4], 16)},{int(h[4:6], 16)},{alpha})"
 
 
-def speedup_chart(sp: pd.DataFrame, metric: str = HEADLINE) -> go.Figure:
-    """Headline: speedup vs utilisation per variant, 95% CI bands, the 1.0 line, crossovers."""
-    d = sp[sp.metric == metric]
-    names = list(dict.fromkeys(d.variant))
+def speedup_chart(sp: pd.DataFrame, metrics: tuple[str, ...] = (HEADLINE, "e2e_s_p50")) -> go.Figure:
+    """Headline: speedup vs utilisation per variant, 95% CI bands, the 1.0 line, crossovers marked.
+    One panel per metric: the per-token pace (TPOT) and the end-to-end latency, which also counts
+    queueing and so shows when a speculating rack runs out of capacity."""
+    names = list(dict.fromkeys(sp.variant))
     col = _colour(names)
-    fig = go.Figure()
-    for v in names:
-        g = d[d.variant == v].sort_values("utilisation")
-        x = g.utilisation.tolist()
-        fig.add_trace(go.Scatter(x=x + x[::-1], y=g.ci_high.tolist() + g.ci_low.tolist()[::-1], fill="toself", mode="lines",
-                                 fillcolor=_rgba(col[v], 0.15), line={"width": 0}, hoverinfo="skip",
-                                 showlegend=False, legendgroup=v))
-        fig.add_trace(go.Scatter(x=x, y=g["mean"], mode="lines+markers", name=v, legendgroup=v,
-                                 line={"color": col[v]},
-                                 hovertemplate=f"{v}<br>utilisation %{{x:.2f}}<br>speedup %{{y:.3f}}<extra></extra>"))
-    for v, u in crossovers(sp, metric).items():
-        if np.isfinite(u):
-            fig.add_trace(go.Scatter(x=[u], y=[1.0], mode="markers", marker={"symbol": "x", "size": 13, "color": col.get(v, "#000")},
-                                     name=f"{v} crosses 1.0 at {u:.2f}", legendgroup=v))
-    fig.add_hline(y=1.0, line_dash="dash", line_color="black", annotation_text="no speedup")
-    fig.update_layout(title=f"Speedup over baseline: {SPEEDUP_METRICS.get(metric, metric)} (mean, 95% CI over seeds)",
-                      xaxis_title="rack utilisation (offered load / baseline capacity)", yaxis_title="speedup (x)",
-                      template="plotly_white", height=520)
+    fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[SPEEDUP_METRICS.get(m, m) for m in metrics])
+    for j, metric in enumerate(metrics, start=1):
+        d = sp[sp.metric == metric]
+        for v in names:
+            g = d[d.variant == v].sort_values("utilisation")
+            if g.empty:
+                continue
+            x = g.utilisation.tolist()
+            fig.add_trace(go.Scatter(x=x + x[::-1], y=g.ci_high.tolist() + g.ci_low.tolist()[::-1], fill="toself",
+                                     mode="lines", fillcolor=_rgba(col[v], 0.15), line={"width": 0}, hoverinfo="skip",
+                                     showlegend=False, legendgroup=v), 1, j)
+            fig.add_trace(go.Scatter(x=x, y=g["mean"], mode="lines+markers", name=v, legendgroup=v, showlegend=j == 1,
+                                     line={"color": col[v]},
+                                     hovertemplate=f"{v}<br>utilisation %{{x:.2f}}<br>speedup %{{y:.3f}}<extra></extra>"),
+                          1, j)
+        for v, u in crossovers(sp, metric).items():
+            if np.isfinite(u):
+                fig.add_trace(go.Scatter(x=[u], y=[1.0], mode="markers+text", text=[f"{u:.2f}"], textposition="bottom center",
+                                         marker={"symbol": "x", "size": 13, "color": col.get(v, "#000")},
+                                         name=f"{v} crosses 1.0 at {u:.2f}", legendgroup=v, showlegend=False,
+                                         hovertemplate=f"{v} crosses 1.0 at utilisation {u:.2f}<extra></extra>"), 1, j)
+        fig.add_hline(y=1.0, line_dash="dash", line_color="black", row=1, col=j)
+    fig.update_xaxes(title_text="rack utilisation (offered load / baseline capacity)")
+    fig.update_yaxes(title_text="speedup over baseline (x)", type="log", row=1, col=1)
+    fig.update_yaxes(type="log", row=1, col=len(metrics))
+    fig.update_layout(title="Speedup over baseline (mean and 95% CI over seeds; x marks where it crosses 1.0)",
+                      template="plotly_white", height=540)
     return fig
 
 
@@ -157,10 +167,15 @@ def summary_text(df: pd.DataFrame, sp: pd.DataFrame, capacities: dict[str, dict[
             ttft_s = f"; its p99 TTFT speedup there is {float(ttft.iloc[0]):.2f}x" if len(ttft) else ""
             lines.append(f"{v}: ITL (TPOT) speedup {g.loc[lo, 'mean']:.2f}x at utilisation {lo:.2f} "
                          f"and {g.loc[hi, 'mean']:.2f}x at {hi:.2f}{ttft_s}.")
+    e2e = crossovers(sp, "e2e_s_p50")
     for v, u in crossovers(sp).items():
         if v in spec_variants:
-            lines.append(f"{v}: " + (f"speculation stops paying (speedup < 1.0) at utilisation {u:.2f}." if np.isfinite(u)
-                                     else "the speedup stays above 1.0 over the whole sweep."))
+            pace = f"per-token pace (TPOT) speedup falls below 1.0 at utilisation {u:.2f}" if np.isfinite(u) else \
+                "per-token pace (TPOT) speedup stays above 1.0 over the sweep"
+            ue = e2e.get(v, float("nan"))
+            whole = f"median end-to-end latency is worse than baseline from utilisation {ue:.2f}" if np.isfinite(ue) else \
+                "median end-to-end latency stays better than baseline"
+            lines.append(f"{v}: {pace}; {whole}.")
     g = add_sized_cost(df).groupby("variant", sort=False)[["usd_per_mtok_at_capacity", "quality_tail", "quality_in_distribution"]].mean()
     if len(g):
         best = g.usd_per_mtok_at_capacity.idxmin()

@@ -12,13 +12,16 @@ A user can fit their own factors to measured step times with `fit_step_times()`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from models.analytic import concurrency_limit, decode_itl_s, mixed_step, prefill_s
 from models.cost import CostModel, Efficiency
+from models.errors import ConfigError
 from models.memory import plan_memory
 
 
@@ -184,6 +187,32 @@ def fit_step_times(
     x = np.clip(np.array([getattr(start, f) for f in fields]), lo, hi)
     res = least_squares(resid, x, bounds=(lo, hi), x_scale=[_SCALE[f] for f in fields])
     return dataclasses.replace(make(res.x), source="fit to measured step times")
+
+
+EFFICIENCY_FIELDS = tuple(f.name for f in dataclasses.fields(Efficiency) if f.name != "source")
+
+
+def save_efficiency(eff: Efficiency, path: str | Path) -> Path:
+    """Write an efficiency profile as JSON (scenarios load it with deployment.efficiency_file)."""
+    p = Path(path)
+    p.write_text(json.dumps(dataclasses.asdict(eff), indent=2))
+    return p
+
+
+def load_efficiency(path: str | Path, base: Efficiency | None = None) -> Efficiency:
+    """Read an efficiency profile written by save_efficiency (missing factors from `base`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"efficiency file not found: {p}")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{p}: not valid JSON ({err})") from None
+    unknown_keys = set(data) - set(EFFICIENCY_FIELDS) - {"source"}
+    if unknown_keys:
+        raise ConfigError(f"{p}: unknown efficiency factor(s) {sorted(unknown_keys)} (known: {', '.join(EFFICIENCY_FIELDS)})")
+    start = base or EFFICIENCY[("hopper", "baseline")]
+    return dataclasses.replace(start, **{k: (str(v) if k == "source" else float(v)) for k, v in data.items()})
 
 
 def table(profiles: dict[str, Efficiency] | None = None) -> list[dict[str, object]]:

@@ -3,11 +3,13 @@ draft, quality and price. Cross-field checks live here (they need the catalogues
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from models.calibration import load_efficiency
 from models.catalog import LLM, get_gpu, get_model, get_weight_format, weight_bytes
-from models.cost import CostModel, check_tp
+from models.cost import CostModel, check_tp, efficiency_for
 from models.errors import ConfigError
 from models.memory import MemoryPlan, plan_memory
 from models.quality import Retraining, default_retrain_gpu_hours, distill_quality, quant_quality
@@ -118,7 +120,12 @@ def check_scenario(sc: Scenario) -> None:
 def build_runtime(sc: Scenario) -> ReplicaRuntime:
     dep = sc.deployment
     gpu = get_gpu(sc.rack.gpu)
-    cost = CostModel(dep.model, gpu, dep.tensor_parallel, dep.weights, dep.kv_cache, engine=dep.engine)
+    eff = efficiency_for(gpu, dep.engine)
+    if dep.efficiency_file:
+        eff = load_efficiency(dep.efficiency_file, eff)
+    if dep.efficiency:
+        eff = dataclasses.replace(eff, **dep.efficiency, source=f"{eff.source}; overridden in scenario")
+    cost = CostModel(dep.model, gpu, dep.tensor_parallel, dep.weights, dep.kv_cache, eff)
     spec_rt = None
     extra_bytes = 0.0
     extra_kv = 0.0
@@ -131,9 +138,9 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
             if spec.placement == "dedicated":
                 draft_gpus = spec.draft_gpus
                 tp_d = spec.draft_gpus if dm.num_heads % spec.draft_gpus == 0 else 1
-                draft_cost = CostModel(dm, gpu, tp_d, dep.weights, dep.kv_cache, engine=dep.engine)
+                draft_cost = CostModel(dm, gpu, tp_d, dep.weights, dep.kv_cache, eff)
             else:
-                draft_cost = CostModel(dm, gpu, dep.tensor_parallel, dep.weights, dep.kv_cache, engine=dep.engine)
+                draft_cost = CostModel(dm, gpu, dep.tensor_parallel, dep.weights, dep.kv_cache, eff)
                 extra_bytes = weight_bytes(dm, get_weight_format(dep.weights)) / dep.tensor_parallel
                 extra_kv = draft_cost.kv_bytes_per_token_gpu
         spec_rt = SpecRuntime(spec.method, spec.num_speculative_tokens, spec.policy, spec.disable_batch_size,

@@ -105,6 +105,22 @@ class Deployment(_Strict):
     distillation: Distillation = Distillation()
     quality_in_distribution: Annotated[float, Field(gt=0, le=1)] | None = None  # override defaults
     quality_tail: Annotated[float, Field(gt=0, le=1)] | None = None
+    # calibrated efficiency: a JSON file written by models.calibration.save_efficiency, and/or
+    # individual factors (mfu_max, bw_eff, step_overhead_s, ...) overriding the engine profile
+    efficiency_file: str | None = None
+    efficiency: dict[str, float] | None = None
+
+    @field_validator("efficiency")
+    @classmethod
+    def _eff(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        from models.calibration import EFFICIENCY_FIELDS
+
+        for k, x in (v or {}).items():
+            if k not in EFFICIENCY_FIELDS:
+                raise ValueError(f"unknown efficiency factor '{k}' (known: {', '.join(EFFICIENCY_FIELDS)})")
+            if not x >= 0:
+                raise ValueError(f"efficiency factor {k} must be >= 0, got {x}")
+        return v
 
     @field_validator("model", "distilled_from")
     @classmethod
@@ -296,6 +312,9 @@ def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> 
         data = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{p}: invalid TOML: {err}") from None
+    dep = data.get("deployment", {})
+    if isinstance(dep, dict) and isinstance(dep.get("efficiency_file"), str) and not Path(dep["efficiency_file"]).is_absolute():
+        dep["efficiency_file"] = str((p.parent / dep["efficiency_file"]).resolve())
     wl = data.get("workload", {})
     if isinstance(wl, dict):
         for key in ("trace",):
