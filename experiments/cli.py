@@ -125,6 +125,12 @@ def _sweep(a: argparse.Namespace) -> int:
     return main_sweep(a)
 
 
+def _plan(a: argparse.Namespace) -> int:
+    from experiments.plan import main_plan
+
+    return main_plan(a)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specrack", description="Discrete-event simulator of LLM serving: speculative decoding vs distillation vs quantization")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -170,6 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="process: local process pool (default); dask-local: a Dask LocalCluster; dask: --scheduler")
     w.add_argument("--scheduler", default=None, help="Dask scheduler address for --executor dask, e.g. tcp://10.0.0.5:8786")
     w.set_defaults(fn=_sweep)
+
+    pl = sub.add_parser("plan", help="capacity plan: smallest rack per strategy meeting the SLO, with cost and quality")
+    pl.add_argument("plan_file")
+    pl.add_argument("--out", default="results/plan")
+    pl.add_argument("--quick", action="store_true", help="shorter runs and coarser analyses")
+    pl.add_argument("--jobs", type=int, default=None)
+    pl.add_argument("--no-analyses", action="store_true", help="only the ranked plan (no curves, map, shift)")
+    pl.set_defaults(fn=_plan)
     return p
 
 

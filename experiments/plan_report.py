@@ -1,0 +1,129 @@
+"""Charts and the self-contained HTML report of a capacity plan."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.subplots import make_subplots
+
+from experiments.report import PALETTE
+
+
+def curves_chart(curves: pd.DataFrame) -> go.Figure:
+    """GPUs needed and cost per month vs traffic, one line per strategy."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("GPUs needed to meet the SLO", "cost per month (USD)"))
+    ok = curves[curves.feasible.astype(bool)]
+    for i, (name, g) in enumerate(ok.groupby(["strategy", "gpu"], sort=False)):
+        label = f"{name[0]} ({name[1]})"
+        g = g.sort_values("rate_rps")
+        c = PALETTE[i % len(PALETTE)]
+        fig.add_trace(go.Scatter(x=g.rate_rps, y=g.gpus, name=label, legendgroup=label, line={"color": c}), 1, 1)
+        fig.add_trace(go.Scatter(x=g.rate_rps, y=g.total_usd_per_month, name=label, legendgroup=label,
+                                 showlegend=False, line={"color": c}), 1, 2)
+    fig.update_xaxes(title_text="traffic (requests/s)", type="log")
+    fig.update_yaxes(type="log")
+    fig.update_layout(template="plotly_white", height=460, title="Capacity curves")
+    return fig
+
+
+def decision_map_chart(win: pd.DataFrame) -> go.Figure:
+    """Heatmap over utilisation x acceptance: which strategy wins, with its margin."""
+    names = sorted(set(win.winner))
+    code = {n: i for i, n in enumerate(names)}
+    us = sorted(win.utilisation.unique())
+    accs = sorted(win.acceptance.unique())
+    z = np.full((len(accs), len(us)), np.nan)
+    text = [["" for _ in us] for _ in accs]
+    for _, r in win.iterrows():
+        i, j = accs.index(r.acceptance), us.index(r.utilisation)
+        z[i, j] = code[r.winner]
+        m = "" if not np.isfinite(r.margin) else f"<br>+{100 * r.margin:.0f}%"
+        text[i][j] = f"{r.winner}{m}"
+    colours = [PALETTE[i % len(PALETTE)] for i in range(len(names))]
+    scale = []
+    for i, c in enumerate(colours):
+        lo, hi = i / len(colours), (i + 1) / len(colours)
+        scale += [[lo, c], [hi, c]]
+    fig = go.Figure(go.Heatmap(z=z, x=[f"{u:.2f}" for u in us], y=[f"{a:.2f}" for a in accs], text=text,
+                               texttemplate="%{text}", colorscale=scale, zmin=-0.5, zmax=len(names) - 0.5,
+                               showscale=False, hovertemplate="utilisation %{x}, acceptance %{y}<br>%{text}<extra></extra>"))
+    fig.update_layout(template="plotly_white", height=480,
+                      title="Decision map: fastest strategy (mean TPOT) meeting the SLO and quality floor; margin over the runner-up",
+                      xaxis_title="rack utilisation (offered / baseline capacity)", yaxis_title="per-token acceptance rate")
+    return fig
+
+
+def shift_chart(shift: pd.DataFrame) -> go.Figure:
+    """Speedup on benchmark-like traffic (tail share 0) vs production-like (growing tail)."""
+    fig = go.Figure()
+    for i, (s, g) in enumerate(shift.groupby("strategy", sort=False)):
+        fig.add_trace(go.Bar(x=[f"{100 * t:.0f}% tail" for t in g.tail_share], y=g.speedup, name=s,
+                             marker_color=PALETTE[i % len(PALETTE)]))
+    fig.add_hline(y=1.0, line_dash="dash")
+    fig.update_layout(template="plotly_white", height=440, barmode="group",
+                      title="Acceptance shift: how much of the benchmark speedup survives production traffic",
+                      xaxis_title="traffic mix (0% tail = benchmark-like)", yaxis_title="TPOT speedup over the first strategy")
+    return fig
+
+
+def retraining_chart(rt: pd.DataFrame) -> go.Figure:
+    """Monthly total cost vs teacher update cadence, and the tail quality lost while stale."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("total cost per month (USD)", "tail quality (stale student included)"))
+    for i, (name, g) in enumerate(rt.groupby(["strategy", "gpu"], sort=False)):
+        c = PALETTE[i % len(PALETTE)]
+        label = f"{name[0]} ({name[1]})"
+        fig.add_trace(go.Scatter(x=g.cadence, y=g.total_usd_per_month, name=label, legendgroup=label,
+                                 line={"color": c}), 1, 1)
+        fig.add_trace(go.Scatter(x=g.cadence, y=g.quality_tail, name=label, legendgroup=label, showlegend=False,
+                                 line={"color": c}), 1, 2)
+    fig.update_xaxes(title_text="teacher update cadence")
+    fig.update_layout(template="plotly_white", height=440, title="The retraining obligation")
+    return fig
+
+
+def _table_html(df: pd.DataFrame) -> str:
+    cols = [c for c in ("strategy", "gpu", "gpus", "replicas", "ttft_p99_s", "tpot_p99_s", "serving_usd_per_month",
+                        "retraining_usd_per_month", "total_usd_per_month", "quality_in_distribution", "quality_tail",
+                        "passes_quality_floor", "feasible", "reason") if c in df]
+    return df[cols].to_html(index=False, float_format=lambda x: f"{x:,.3f}", na_rep="", border=0, classes="plan")
+
+
+def write_plan_report(spec: Any, tables: dict[str, pd.DataFrame], out: str | Path) -> Path:
+    out = Path(out)
+    figs = []
+    if "curves" in tables:
+        figs.append(("curves", curves_chart(tables["curves"])))
+    if "map" in tables:
+        figs.append(("decision-map", decision_map_chart(tables["map"])))
+    if "shift" in tables:
+        figs.append(("shift", shift_chart(tables["shift"])))
+    if "retraining" in tables and len(tables["retraining"]):
+        figs.append(("retraining", retraining_chart(tables["retraining"])))
+    parts = [f'<section id="{n}">' + pio.to_html(f, include_plotlyjs=(i == 0), full_html=False, div_id=f"chart-{n}")
+             + "</section>" for i, (n, f) in enumerate(figs)]
+    plan = tables["plan"]
+    best = plan[plan.feasible.astype(bool) & plan.get("passes_quality_floor", True).astype(bool)]
+    verdict = (f"Cheapest option meeting the SLO and the tail-quality floor ({spec.quality_floor_tail:.2f}): "
+               f"<b>{html.escape(str(best.iloc[0].strategy))}</b> on {int(best.iloc[0].gpus)}x {html.escape(str(best.iloc[0].gpu))}, "
+               f"${best.iloc[0].total_usd_per_month:,.0f} per month.") if len(best) else "No option meets the SLO and the quality floor."
+    doc = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>specrack plan: {html.escape(spec.name)}</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;color:#222}}
+table.plan{{border-collapse:collapse}} table.plan td,table.plan th{{padding:4px 8px;border-bottom:1px solid #ddd;text-align:right}}</style>
+</head><body>
+<h1>specrack plan: {html.escape(spec.name)}</h1>
+<p>Traffic {spec.rate_rps:.2f} requests/s; SLO p99 TTFT {spec.base.slo.ttft_p99_s} s, p99 ITL (TPOT) {spec.base.slo.itl_p99_s * 1e3:.0f} ms;
+racks searched with the simulator up to {spec.max_gpus} GPUs; seeds {list(spec.seeds)}; {spec.base.workload.duration_s:.0f} s per run.</p>
+<p id="verdict">{verdict}</p>
+<h2>Ranked options</h2>{_table_html(plan)}
+{''.join(parts)}
+</body></html>"""
+    path = out / "report.html"
+    path.write_text(doc)
+    return path
