@@ -87,8 +87,11 @@ def load_sweep(path: str | Path | None = None, quick: bool = False) -> SweepSpec
     base = load_scenario(base_path, base_set or None)
     variants = []
     for i, v in enumerate(d["variants"]):
-        if "name" not in v:
+        if not isinstance(v, dict) or "name" not in v:
             raise ConfigError(f"{p.name}: variants[{i}] needs a name")
+        extra_v = set(v) - {"name", "set"}
+        if extra_v:
+            raise ConfigError(f"{p.name}: variants[{i}] '{v['name']}': unknown field(s) {sorted(extra_v)} (allowed: name, set)")
         variants.append(Variant(v["name"], dict(v.get("set", {}))))
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
@@ -189,43 +192,53 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, exec
     pts = out / "points"
     pts.mkdir(parents=True, exist_ok=True)
     tasks, caps = plan_points(spec)
-    rows: dict[str, dict[str, Any]] = {}
-    todo = []
-    for t in tasks:
+    # rows are kept per task; the cache file is per scenario content and seed, so two variants with
+    # identical scenarios share one computation and a renamed variant reuses its points
+    rows: dict[int, dict[str, Any]] = {}
+    todo: list[int] = []
+    for i, t in enumerate(tasks):
         f = pts / f"{t['key']}.json"
         if f.is_file():
-            rows[t["key"]] = json.loads(f.read_text())
+            rows[i] = json.loads(f.read_text())
+        elif any(tasks[j]["key"] == t["key"] for j in todo):
+            continue  # computed once for the first task with this key
         else:
-            todo.append(t)
+            todo.append(i)
     bar = Progress(len(todo), f"sweep {spec.name}") if progress else Progress(0, "")
 
-    def record(row: dict[str, Any]) -> None:
+    def record(i: int, row: dict[str, Any]) -> None:
         if row.get("error"):
             sys.stderr.write(f"\npoint failed: variant={row['variant']} utilisation={row['utilisation']} seed={row['seed']}: {row['error']}\n")
         else:
             _write_atomic(pts / f"{row['point_key']}.json", json.dumps(row, default=float))
-        rows[row["point_key"]] = row
+        rows[i] = row
         bar.step()
 
     if isinstance(executor, cf.Executor):
-        futs = [executor.submit(run_point, t) for t in todo]
+        futs = {executor.submit(run_point, tasks[i]): i for i in todo}
         for fut in cf.as_completed(futs):
-            record(fut.result())
+            record(futs[fut], fut.result())
     elif executor == "serial" or jobs == 1 or len(todo) <= 1:
-        for t in todo:
-            record(run_point(t))
+        for i in todo:
+            record(i, run_point(tasks[i]))
     else:
         with cf.ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as ex:
-            futs = [ex.submit(run_point, t) for t in todo]
+            futs = {ex.submit(run_point, tasks[i]): i for i in todo}
             try:
                 for fut in cf.as_completed(futs):
-                    record(fut.result())
+                    record(futs[fut], fut.result())
             except KeyboardInterrupt:
                 for f in futs:
                     f.cancel()
                 raise
-    order = {t["key"]: i for i, t in enumerate(tasks)}
-    df = pd.DataFrame([rows[k] for k in sorted(rows, key=lambda k: order.get(k, 1 << 30)) if k in order])
+    by_key = {r["point_key"]: r for r in rows.values() if not r.get("error")}
+    table = []
+    for i, t in enumerate(tasks):
+        row = rows.get(i) or by_key.get(t["key"])
+        if row is None:
+            continue
+        table.append({**row, "variant": t["variant"], "utilisation": t["utilisation"], "seed": t["seed"]})
+    df = pd.DataFrame(table)
     for name, c in caps.items():
         for col, val in c.items():
             df.loc[df.variant == name, col] = val

@@ -90,13 +90,15 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     dur = st.duration_s.to_numpy()
     s["mean_batch_size"] = float((st.batch_size.to_numpy() * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0
     s["preemptions"] = int(req.preemptions.sum())
-    prop = float(req.draft_proposed.sum())
-    s["acceptance_rate"] = float(req.draft_accepted.sum()) / prop if prop else float("nan")
-    vs = float(req.verify_steps.sum())
-    s["tokens_per_step"] = (float(req.draft_accepted.sum()) + vs) / vs if vs else 1.0
-    busy = float(steps.duration_s.sum())
-    s["draft_share"] = float(steps.draft_s.sum()) / busy if busy else 0.0
-    s["spec_overhead_share"] = float(steps.spec_overhead_s.sum()) / busy if busy else 0.0
+    # speculation, over the window like everything else: requests arriving in it, steps starting in it
+    rw = req[meas]
+    prop = float(rw.draft_proposed.sum())
+    s["acceptance_rate"] = float(rw.draft_accepted.sum()) / prop if prop else float("nan")
+    vs = float(rw.verify_steps.sum())
+    s["tokens_per_step"] = (float(rw.draft_accepted.sum()) + vs) / vs if vs else 1.0
+    busy = float(st.duration_s.sum())
+    s["draft_share"] = float(st.draft_s.sum()) / busy if busy else 0.0
+    s["spec_overhead_share"] = float(st.spec_overhead_s.sum()) / busy if busy else 0.0
     # stability: no early stop, everything offered finished before the horizon, and the waiting
     # queue did not grow over the window (least-squares slope per replica, summed) by more than a
     # quarter of the rack's batch slots or 5% of the offered requests
