@@ -87,8 +87,8 @@ def load_plan(path: str | Path, quick: bool = False) -> PlanSpec:
             if isinstance(values, dict):
                 d.setdefault(section, {}).update(values)
     search = d.get("search", {})
-    base_set = {"workload.duration_s": float(search.get("duration_s", 180)),
-                "workload.warmup_s": float(search.get("warmup_s", 20))}
+    base_set = {"workload.duration_s": _num(search, "duration_s", "search", 180, lo=0, lo_open=True),
+                "workload.warmup_s": _num(search, "warmup_s", "search", 20, lo=0)}
     slo = d.get("slo", {})
     for key in ("ttft_p99_s", "itl_p99_s"):
         if key in slo:
@@ -106,12 +106,15 @@ def load_plan(path: str | Path, quick: bool = False) -> PlanSpec:
         rate = _positive(t, "rate_rps", "traffic") * growth
     gpus = tuple(search.get("gpus", [base.rack.gpu]))
     prices = dict(search.get("usd_per_gpu_hour", {}))
-    max_gpus = int(search.get("max_gpus", 64))
-    if max_gpus < 1:
-        raise ConfigError(f"search.max_gpus: must be >= 1, got {max_gpus}")
+    max_gpus = int(_num(search, "max_gpus", "search", 64, lo=1, integer=True))
+    seeds = search.get("seeds", [1])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
+        raise ConfigError(f"search.seeds: must be a non-empty list of integers, got {seeds!r}")
     strategies = []
     builtin = builtin_strategies()
     listed = d.get("strategies", d.get("quality", {}).pop("strategies", ["baseline"]))
+    if not isinstance(listed, list) or not listed:
+        raise ConfigError(f"strategies: must be a non-empty list of built-in names or tables, got {listed!r}")
     for i, s in enumerate(listed):
         if isinstance(s, str):  # a built-in strategy: a variant of the default sweep
             if s not in builtin:
@@ -130,19 +133,47 @@ def load_plan(path: str | Path, quick: bool = False) -> PlanSpec:
     _check_reachable(p.name, base, strategies, gpus, prices, rate, max_gpus)
     q = d.get("quality", {})
     a = d.get("analyses", {})
-    floor = float(q.get("floor_tail", 0.0))
-    if not 0.0 <= floor <= 1.0:
-        raise ConfigError(f"quality.floor_tail: must be in [0, 1], got {floor}")
+    floor = _num(q, "floor_tail", "quality", 0.0, lo=0, hi=1)
     return PlanSpec(
         name=d.get("name", p.stem), base=base, rate_rps=rate, strategies=tuple(strategies), gpus=gpus, prices=prices,
-        max_gpus=max_gpus, seeds=tuple(int(x) for x in search.get("seeds", [1])), quality_floor_tail=floor,
-        teacher_updates_per_month=float(q.get("teacher_updates_per_month", 1.0)),
-        curve_multipliers=tuple(float(x) for x in a.get("curve_multipliers", [0.25, 0.5, 1.0, 2.0, 4.0])),
-        map_utilisation=tuple(float(x) for x in a.get("map_utilisation", [0.3, 0.5, 0.7, 0.85])),
-        map_acceptance=tuple(float(x) for x in a.get("map_acceptance", [0.4, 0.6, 0.8])),
-        shift_tail_shares=tuple(float(x) for x in a.get("shift_tail_shares", [0.0, 0.2, 0.4, 0.6])),
-        shift_utilisation=float(a.get("shift_utilisation", 0.5)),
+        max_gpus=max_gpus, seeds=tuple(seeds), quality_floor_tail=floor,
+        teacher_updates_per_month=_num(q, "teacher_updates_per_month", "quality", 1.0, lo=0),
+        curve_multipliers=_nums(a, "curve_multipliers", [0.25, 0.5, 1.0, 2.0, 4.0], lo=0, lo_open=True),
+        map_utilisation=_nums(a, "map_utilisation", [0.3, 0.5, 0.7, 0.85], lo=0, lo_open=True, hi=5),
+        map_acceptance=_nums(a, "map_acceptance", [0.4, 0.6, 0.8], lo=0, hi=0.999),
+        shift_tail_shares=_nums(a, "shift_tail_shares", [0.0, 0.2, 0.4, 0.6], lo=0, hi=0.999),
+        shift_utilisation=_num(a, "shift_utilisation", "analyses", 0.5, lo=0, lo_open=True, hi=5),
     )
+
+
+def _num(d: dict[str, Any], key: str, where: str, default: float, *, lo: float | None = None, hi: float | None = None,
+         lo_open: bool = False, integer: bool = False) -> float:
+    """A number from a plan table, checked; one-line ConfigError naming the field otherwise."""
+    v = d.get(key, default)
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+    if ok and integer:
+        ok = float(v).is_integer()
+    if ok and lo is not None:
+        ok = v > lo if lo_open else v >= lo
+    if ok and hi is not None:
+        ok = v <= hi
+    if not ok:
+        if lo is not None and hi is not None:
+            rng = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
+        elif lo is not None:
+            rng = f"{'>' if lo_open else '>='} {lo:g}"
+        else:
+            rng = f"<= {hi:g}" if hi is not None else ""
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(f"{where}.{key}: must be {kind}{' ' + rng if rng else ''}, got {v!r}")
+    return float(v)
+
+
+def _nums(d: dict[str, Any], key: str, default: list[float], **bounds: Any) -> tuple[float, ...]:
+    v = d.get(key, default)
+    if not isinstance(v, list) or not v:
+        raise ConfigError(f"analyses.{key}: must be a non-empty list of numbers, got {v!r}")
+    return tuple(_num({key: x}, key, "analyses", 0.0, **bounds) for x in v)
 
 
 def builtin_strategies() -> dict[str, Strategy]:
@@ -364,7 +395,12 @@ def _shift_cell(base: Scenario, s: Strategy, classes: list[dict[str, Any]], rate
     sc = base.with_overrides({**s.overrides, "workload.classes": classes, "workload.rate_rps": rate})
     sums = [simulate(sc, seed).summary for seed in seeds]
     return {"strategy": s.name, "tail_share": share, "tpot_mean_s": float(np.mean([x["tpot_s"]["mean"] for x in sums])),
-            "acceptance_rate": float(np.nanmean([x["acceptance_rate"] for x in sums]))}
+            "acceptance_rate": _nanmean([x["acceptance_rate"] for x in sums])}
+
+
+def _nanmean(values: list[float]) -> float:
+    finite = [v for v in values if v == v]
+    return float(np.mean(finite)) if finite else float("nan")
 
 
 def retraining_table(spec: PlanSpec, answer: pd.DataFrame) -> pd.DataFrame:

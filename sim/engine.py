@@ -249,8 +249,9 @@ class Replica:
             if need_total:
                 self.blocks[:n] += need
                 self.free_blocks -= need_total
-            ds = np.flatnonzero(dec)
-            n_dec = int(ds.size)
+            n_dec = int(dec.sum())
+            # decoding entries: a slice (a cheap view) when every running sequence decodes
+            ds: slice | np.ndarray = slice(0, n) if n_dec == n else np.flatnonzero(dec)
             budget = budget_max - n_dec * q
             # 2. prefill chunks: partial prefills (oldest first), then new admissions (FCFS);
             # as in vLLM v1, nothing is admitted in a step that had to preempt (the victim, back
@@ -283,13 +284,16 @@ class Replica:
                 if self.n_running:
                     self._preempt_youngest()
                 continue
-            cs = np.asarray(chunk_idx, dtype=np.int64)
-            ch = np.asarray(chunks, dtype=np.float64)
-            pre_ctx_arr = self.computed[cs].astype(np.float64)
-            pre_tokens = float(ch.sum())
-            pre_ctx = float(pre_ctx_arr.sum())
-            pre_pairs = float((ch * pre_ctx_arr).sum() + 0.5 * (ch * (ch + 1.0)).sum())
-            ctx_dec = float(self.computed[ds].sum())
+            if n_pre:
+                cs = np.asarray(chunk_idx, dtype=np.int64)
+                ch = np.asarray(chunks, dtype=np.float64)
+                pre_ctx_arr = self.computed[cs].astype(np.float64)
+                pre_tokens = float(ch.sum())
+                pre_ctx = float(pre_ctx_arr.sum())
+                pre_pairs = float((ch * pre_ctx_arr).sum() + 0.5 * (ch * (ch + 1.0)).sum())
+            else:
+                pre_tokens = pre_ctx = pre_pairs = 0.0
+            ctx_dec = float(self.computed[ds].sum()) if n_dec else 0.0
             total_s, target_s, draft_s, over_s, flops, nbytes = self._spec_cost(
                 n_dec, ctx_dec, k, n_pre, pre_tokens, pre_ctx, pre_pairs)
             start = env.now

@@ -248,6 +248,8 @@ def test_a_looser_slo_never_increases_the_gpus_needed(curves: pd.DataFrame, loos
     assert strict.keys() == loose.keys()
     for k in strict:
         assert loose[k] <= strict[k], (k, loose[k], strict[k])
+    # and it does help somewhere: draft-1b at 24 req/s needs 16 GPUs at 200 ms ITL, 12 at 400 ms
+    assert any(loose[k] < strict[k] for k in strict), (loose, strict)
 
 
 # ----------------------------------------------------------------------------- decision map
@@ -425,21 +427,16 @@ BUG_NON_NUMERIC = ("load_plan converts search.max_gpus / search.duration_s / qua
     pytest.param("max_gpus = 32", 'max_gpus = "many"', id="max-gpus-text"),
     pytest.param("duration_s = 60", 'duration_s = "long"', id="duration-text"),
 ])
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=BUG_NON_NUMERIC)
 def test_non_numeric_fields_give_config_errors(tmp_path: Path, old: str, new: str) -> None:
     with pytest.raises(ConfigError):
         load_plan(_bad(tmp_path, _replace(old, new)()))
 
 
-@pytest.mark.xfail(strict=True, reason="load_plan accepts search.seeds = []; evaluate() then fails with "
-                   "'ValueError: max() arg is an empty sequence' (a traceback) after the plan starts")
 def test_empty_seeds_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="seeds"):
         load_plan(_bad(tmp_path, _replace("seeds = [1]", "seeds = []")()))
 
 
-@pytest.mark.xfail(strict=True, reason="strategies = \"baseline\" (a string, not a list) is iterated by "
-                   "character: the error names strategy 'b' instead of saying strategies must be a list")
 def test_strategies_must_be_a_list(tmp_path: Path) -> None:
     text = plan_text(strategies=("baseline",)).replace('strategies = ["baseline"]', 'strategies = "baseline"')
     with pytest.raises(ConfigError, match="strategies") as err:
@@ -447,9 +444,6 @@ def test_strategies_must_be_a_list(tmp_path: Path) -> None:
     assert "'b'" not in str(err.value)
 
 
-@pytest.mark.xfail(strict=True, reason="[analyses] values are not validated by load_plan: map_acceptance = [2.0] "
-                   "is accepted and only fails (workload.classes.0.acceptance) after the plan and the capacity "
-                   "curves have been simulated")
 def test_analyses_values_are_validated_up_front(tmp_path: Path) -> None:
     text = plan_text(strategies=("baseline",)).replace("map_acceptance = [0.5, 0.8]", "map_acceptance = [2.0]")
     with pytest.raises(ConfigError, match="map_acceptance"):
