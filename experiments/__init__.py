@@ -6,25 +6,22 @@ from importlib import resources
 from pathlib import Path
 
 
-def bundled_scenario(name: str) -> Path:
-    """Path of a scenario shipped in experiments/scenarios (name with or without .toml)."""
+def _bundled(folder: str, kind: str, name: str) -> Path:
     from models.errors import unknown
 
-    folder = Path(str(resources.files("experiments") / "scenarios"))
+    root = Path(str(resources.files("experiments") / folder))
     stem = name.removesuffix(".toml")
-    path = folder / f"{stem}.toml"
+    path = root / f"{stem}.toml"
     if not path.is_file():
-        raise unknown("bundled scenario", stem, tuple(sorted(p.stem for p in folder.glob("*.toml"))))
+        raise unknown(kind, stem, tuple(sorted(p.stem for p in root.glob("*.toml"))))
     return path
+
+
+def bundled_scenario(name: str) -> Path:
+    """Path of a scenario shipped in experiments/scenarios (name with or without .toml)."""
+    return _bundled("scenarios", "bundled scenario", name)
 
 
 def bundled_plan(name: str) -> Path:
     """Path of a plan file shipped in experiments/plans (name with or without .toml)."""
-    from models.errors import unknown
-
-    folder = Path(str(resources.files("experiments") / "plans"))
-    stem = name.removesuffix(".toml")
-    path = folder / f"{stem}.toml"
-    if not path.is_file():
-        raise unknown("bundled plan", stem, tuple(sorted(p.stem for p in folder.glob("*.toml"))))
-    return path
+    return _bundled("plans", "bundled plan", name)

@@ -63,22 +63,29 @@ def speedup_chart(sp: pd.DataFrame, metrics: tuple[str, ...] = (HEADLINE, "e2e_s
     return fig
 
 
-def latency_chart(df: pd.DataFrame, slo_ttft_s: float, slo_itl_s: float) -> go.Figure:
-    """p99 TTFT and p99 ITL (TPOT) vs utilisation, SLO lines; drafting can worsen the first."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("p99 time to first token", "p99 inter-token latency (TPOT)"))
+def _panels(df: pd.DataFrame, columns: tuple[str, ...], titles: tuple[str, ...], scale: tuple[float, ...]) -> go.Figure:
+    """One panel per column: the mean over seeds vs utilisation, a line per variant."""
+    fig = make_subplots(rows=1, cols=len(columns), subplot_titles=titles)
     names = list(dict.fromkeys(df.variant))
     col = _colour(names)
-    agg = df.groupby(["variant", "utilisation"], sort=False)[["ttft_s_p99", "tpot_s_p99"]].mean().reset_index()
+    agg = df.groupby(["variant", "utilisation"], sort=False)[list(columns)].mean().reset_index()
     for v in names:
         g = agg[agg.variant == v].sort_values("utilisation")
-        fig.add_trace(go.Scatter(x=g.utilisation, y=g.ttft_s_p99, name=v, legendgroup=v, line={"color": col[v]}), 1, 1)
-        fig.add_trace(go.Scatter(x=g.utilisation, y=g.tpot_s_p99 * 1e3, name=v, legendgroup=v, showlegend=False,
-                                 line={"color": col[v]}), 1, 2)
+        for j, (c, k) in enumerate(zip(columns, scale, strict=True), start=1):
+            fig.add_trace(go.Scatter(x=g.utilisation, y=g[c] * k, name=v, legendgroup=v, showlegend=j == 1,
+                                     line={"color": col[v]}), 1, j)
+    fig.update_xaxes(title_text="utilisation")
+    return fig
+
+
+def latency_chart(df: pd.DataFrame, slo_ttft_s: float, slo_itl_s: float) -> go.Figure:
+    """p99 TTFT and p99 ITL (TPOT) vs utilisation, SLO lines; drafting can worsen the first."""
+    fig = _panels(df, ("ttft_s_p99", "tpot_s_p99"), ("p99 time to first token", "p99 inter-token latency (TPOT)"),
+                  (1.0, 1e3))
     fig.add_hline(y=slo_ttft_s, line_dash="dot", line_color="red", annotation_text="SLO", row=1, col=1)
     fig.add_hline(y=slo_itl_s * 1e3, line_dash="dot", line_color="red", annotation_text="SLO", row=1, col=2)
     fig.update_yaxes(title_text="seconds", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="milliseconds", rangemode="tozero", row=1, col=2)
-    fig.update_xaxes(title_text="utilisation")
     fig.update_layout(template="plotly_white", height=460, title="Latency vs load (mean over seeds)")
     return fig
 
@@ -140,15 +147,8 @@ def quality_cost_chart(df: pd.DataFrame) -> go.Figure:
 
 def utilisation_chart(df: pd.DataFrame) -> go.Figure:
     """Measured GPU busy fraction and model FLOPs utilisation vs offered utilisation."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("GPU busy fraction (engine stepping)", "model FLOPs utilisation"))
-    names = list(dict.fromkeys(df.variant))
-    col = _colour(names)
-    agg = df.groupby(["variant", "utilisation"], sort=False)[["gpu_busy_fraction", "mfu"]].mean().reset_index()
-    for v in names:
-        g = agg[agg.variant == v].sort_values("utilisation")
-        fig.add_trace(go.Scatter(x=g.utilisation, y=g.gpu_busy_fraction, name=v, legendgroup=v, line={"color": col[v]}), 1, 1)
-        fig.add_trace(go.Scatter(x=g.utilisation, y=g.mfu, name=v, legendgroup=v, showlegend=False, line={"color": col[v]}), 1, 2)
-    fig.update_xaxes(title_text="offered utilisation")
+    fig = _panels(df, ("gpu_busy_fraction", "mfu"), ("GPU busy fraction (engine stepping)", "model FLOPs utilisation"),
+                  (1.0, 1.0))
     fig.update_layout(template="plotly_white", height=440, title="What 'spare compute' really was")
     return fig
 

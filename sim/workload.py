@@ -61,20 +61,25 @@ def sampler(dist: Fixed | LogNormal | Empirical, column: str) -> LengthSampler:
     return LengthSampler(dist, column)
 
 
-def poisson_arrivals(rng: np.random.Generator, rate: float, duration_s: float | None, n: int | None) -> np.ndarray:
-    """Arrival times of a Poisson process over [0, duration) or for n requests."""
+def _renewal(draw, duration_s: float | None, n: int | None, rate: float) -> np.ndarray:
+    """Arrival times from i.i.d. inter-arrival gaps `draw(size)`: n of them, or all in [0, duration)."""
     if n is not None:
-        return np.cumsum(rng.exponential(1.0 / rate, n))
+        return np.cumsum(draw(n))
     assert duration_s is not None
     out: list[np.ndarray] = []
     t = 0.0
     chunk = max(16, int(rate * duration_s * 1.1) + 16)
     while t < duration_s:
-        a = t + np.cumsum(rng.exponential(1.0 / rate, chunk))
+        a = t + np.cumsum(draw(chunk))
         out.append(a)
         t = a[-1]
     arr = np.concatenate(out)
     return arr[arr < duration_s]
+
+
+def poisson_arrivals(rng: np.random.Generator, rate: float, duration_s: float | None, n: int | None) -> np.ndarray:
+    """Arrival times of a Poisson process over [0, duration) or for n requests."""
+    return _renewal(lambda size: rng.exponential(1.0 / rate, size), duration_s, n, rate)
 
 
 def gamma_arrivals(rng: np.random.Generator, rate: float, cv: float, duration_s: float | None, n: int | None) -> np.ndarray:
@@ -82,18 +87,7 @@ def gamma_arrivals(rng: np.random.Generator, rate: float, cv: float, duration_s:
     (cv > 1: bursts; cv = 1: Poisson)."""
     shape = 1.0 / (cv * cv)
     scale = 1.0 / (rate * shape)
-    if n is not None:
-        return np.cumsum(rng.gamma(shape, scale, n))
-    assert duration_s is not None
-    out: list[np.ndarray] = []
-    t = 0.0
-    chunk = max(16, int(rate * duration_s * 1.1) + 16)
-    while t < duration_s:
-        a = t + np.cumsum(rng.gamma(shape, scale, chunk))
-        out.append(a)
-        t = a[-1]
-    arr = np.concatenate(out)
-    return arr[arr < duration_s]
+    return _renewal(lambda size: rng.gamma(shape, scale, size), duration_s, n, rate)
 
 
 def mean_lengths(wl: Workload) -> tuple[float, float]:
