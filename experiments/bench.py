@@ -32,6 +32,29 @@ def bare_simpy_rate(n: int = 200_000) -> float:
     return n / (time.perf_counter() - t)
 
 
+def cost_model_us(batch: int = 256, calls: int = 20_000) -> dict[str, float]:
+    """Microseconds per step-cost call for a mixed batch of `batch` sequences: the array form
+    (`CostModel.step`, sums computed from per-sequence arrays) and the sums form the engine uses."""
+    import numpy as np
+
+    from models.cost import CostModel
+
+    cm = CostModel("llama-3.1-70b", "h100-sxm", 4)
+    rng = np.random.default_rng(0)
+    new = rng.integers(1, 6, batch)
+    ctx = rng.integers(100, 4000, batch)
+    t = time.perf_counter()
+    for _ in range(calls):
+        cm.step(new, ctx)
+    arr = (time.perf_counter() - t) / calls * 1e6
+    n, tok, c, pairs = batch, float(new.sum()), float(ctx.sum()), float((new * ctx).sum())
+    t = time.perf_counter()
+    for _ in range(calls):
+        cm.step_sums(n, tok, c, pairs)
+    sums = (time.perf_counter() - t) / calls * 1e6
+    return {"batch": batch, "step_us": arr, "step_sums_us": sums}
+
+
 def example_scenario():
     path = resources.files("experiments") / "scenarios" / "llama70b-h100x8.toml"
     return load_scenario(str(path))
@@ -59,6 +82,6 @@ def run_bench(quick: bool = False) -> dict[str, Any]:
     points = [bench_point(n) for n in sizes]
     for p in points:
         p["ratio_to_bare_simpy"] = p["steps_per_s"] / bare
-    return {"bare_simpy_timeouts_per_s": bare, "points": points,
+    return {"bare_simpy_timeouts_per_s": bare, "cost_model": cost_model_us(), "points": points,
             "growth_per_request": points[1]["wall_us_per_request"] / points[0]["wall_us_per_request"],
             "note": "peak_rss_mib is the process peak so far (ru_maxrss); growth_per_request ~1 means linear"}

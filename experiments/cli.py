@@ -102,7 +102,7 @@ def _run(a: argparse.Namespace) -> int:
     from sim.simulate import simulate
 
     sc = _load(a)
-    res = simulate(sc, a.seed)
+    res = simulate(sc, a.seed, progress=True)
     out = res.write(a.out)
     s = res.summary
     print(f"{sc.name} seed {res.seed}: {s['completed_requests']}/{s['offered_requests']} requests, "

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,7 +93,8 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
 
 
 def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, *,
-              horizon_s: float | None = None, backlog_limit: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame, bool, float]:
+              horizon_s: float | None = None, backlog_limit: int | None = None,
+              progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, bool, float]:
     """Run the engine over a request table. Returns (requests, steps, truncated, horizon)."""
     wl = sc.workload
     method = sc.speculative.method if sc.speculative else "draft_model"
@@ -117,8 +120,11 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     last = float(arrival[-1]) if arrival.size else 0.0
     drain = sc.sim.drain_s if sc.sim.drain_s is not None else max(wl.duration_s, 600.0)
     horizon = horizon_s if horizon_s is not None else last + drain
-    done_ev = env.process(_watch_done(env, reqs))
+    bar = Progress(arrival.size, sc.name) if progress else None
+    done_ev = env.process(_watch_done(env, reqs, bar))
     env.run(until=simpy.AnyOf(env, [stop, env.timeout(horizon), done_ev]))
+    if bar is not None:
+        bar.close()
     for r in replicas:
         r.sync()
     truncated = stop.triggered
@@ -136,12 +142,39 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     return req_df, steps, truncated, float(env.now)
 
 
-def _watch_done(env: simpy.Environment, reqs: Requests):
-    """Ends the run once every request has completed (checked once per simulated second)."""
+def _watch_done(env: simpy.Environment, reqs: Requests, progress: Progress | None = None):
+    """Ends the run once every request has completed (checked once per simulated second), and
+    drives the progress bar (share of requests completed) when one is given."""
     while True:
         yield env.timeout(1.0)
-        if not np.isnan(reqs.completion).any():
+        left = int(np.isnan(reqs.completion).sum())
+        if progress is not None:
+            progress.update(reqs.completion.size - left)
+        if not left:
             return
+
+
+class Progress:
+    """A progress bar on stderr that appears only once a run has taken more than `after_s`."""
+
+    def __init__(self, total: int, label: str, after_s: float = 3.0) -> None:
+        self.total, self.label, self.after_s = total, label, after_s
+        self.t0 = time.perf_counter()
+        self.last = 0.0
+        self.shown = False
+
+    def update(self, done: int) -> None:
+        el = time.perf_counter() - self.t0
+        if el < self.after_s or (el - self.last < 0.5 and done < self.total):
+            return
+        self.shown, self.last = True, el
+        frac = done / max(1, self.total)
+        sys.stderr.write(f"\r{self.label} [{'#' * int(30 * frac):<30}] {done}/{self.total} requests, {el:.0f}s")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
 
 
 def offered_rate(sc: Scenario) -> float | None:
@@ -154,13 +187,14 @@ def offered_rate(sc: Scenario) -> float | None:
     return None
 
 
-def simulate(sc: Scenario, seed: int | None = None) -> Result:
-    """Run one scenario with one seed. Pure: no I/O, same inputs give the same tables."""
+def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False) -> Result:
+    """Run one scenario with one seed. Pure: no I/O (but an optional progress bar on stderr),
+    same inputs give the same tables."""
     seed = sc.seed if seed is None else int(seed)
     rt = build_runtime(sc)
     rate = offered_rate(sc)
     table = generate(sc.workload, seed, rate)
-    req, steps, truncated, t_end = run_table(sc, rt, table, seed, backlog_limit=sc.sim.backlog_limit)
+    req, steps, truncated, t_end = run_table(sc, rt, table, seed, backlog_limit=sc.sim.backlog_limit, progress=progress)
     wl = sc.workload
     end_s = float(table.arrival_s.max()) if wl.num_requests else wl.duration_s
     warm = min(wl.warmup_s, 0.5 * end_s)
