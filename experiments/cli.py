@@ -175,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--executor", default="process", choices=["process", "serial", "dask-local", "dask"],
                    help="process: local process pool (default); dask-local: a Dask LocalCluster; dask: --scheduler")
     w.add_argument("--scheduler", default=None, help="Dask scheduler address for --executor dask, e.g. tcp://10.0.0.5:8786")
+    w.add_argument("--scheduler-timeout", type=float, default=10.0, help="seconds to wait for the Dask scheduler")
     w.set_defaults(fn=_sweep)
 
     pl = sub.add_parser("plan", help="capacity plan: smallest rack per strategy meeting the SLO, with cost and quality")

@@ -159,9 +159,22 @@ def plan_points(spec: SweepSpec) -> tuple[list[dict[str, Any]], dict[str, dict[s
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    """Write to a temporary file, flush it to disk, then rename: a point file is whole or absent."""
     tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    tmp.write_text(text)
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def _read_point(path: Path) -> dict[str, Any] | None:
+    """A finished point, or None when absent or unreadable (then it is recomputed)."""
+    try:
+        row = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return row if isinstance(row, dict) and "point_key" in row else None
 
 
 class Progress:
@@ -196,10 +209,13 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, exec
     # identical scenarios share one computation and a renamed variant reuses its points
     rows: dict[int, dict[str, Any]] = {}
     todo: list[int] = []
+    for stale in pts.glob("*.json.tmp*"):  # half-written points of a killed run
+        stale.unlink(missing_ok=True)
     for i, t in enumerate(tasks):
         f = pts / f"{t['key']}.json"
-        if f.is_file():
-            rows[i] = json.loads(f.read_text())
+        row = _read_point(f)
+        if row is not None:
+            rows[i] = row
         elif any(tasks[j]["key"] == t["key"] for j in todo):
             continue  # computed once for the first task with this key
         else:
@@ -246,7 +262,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, exec
 
 
 @contextlib.contextmanager
-def executor_for(kind: str, *, jobs: int | None = None, scheduler: str | None = None) -> Iterator[str | cf.Executor]:
+def executor_for(kind: str, *, jobs: int | None = None, scheduler: str | None = None,
+                 timeout_s: float = 10.0) -> Iterator[str | cf.Executor]:
     """The executor a sweep runs on: "process" (local pool, the default), "serial", "dask-local"
     (a Dask LocalCluster of `jobs` worker processes) or "dask" (an existing Dask scheduler).
     Dask's client executor is a concurrent.futures.Executor, so points run the same everywhere."""
@@ -258,14 +275,18 @@ def executor_for(kind: str, *, jobs: int | None = None, scheduler: str | None = 
     except ImportError:
         raise ConfigError("Dask executors need the 'dask' extra: pip install -e '.[dask]'") from None
     if kind == "dask-local":
-        with LocalCluster(n_workers=jobs or os.cpu_count() or 1, threads_per_worker=1, processes=True,
-                          dashboard_address=None) as cluster, Client(cluster) as client:
+        try:
+            cluster = LocalCluster(n_workers=jobs or os.cpu_count() or 1, threads_per_worker=1, processes=True,
+                                   dashboard_address=None)
+        except (RuntimeError, OSError) as err:
+            raise ConfigError(f"--executor dask-local: the local Dask cluster failed to start ({err})") from None
+        with cluster, Client(cluster) as client:
             yield client.get_executor()
     elif kind == "dask":
         try:
-            client = Client(scheduler, timeout=30)
-        except OSError as err:
-            raise ConfigError(f"--scheduler {scheduler}: cannot connect to a Dask scheduler ({err})") from None
+            client = Client(scheduler, timeout=timeout_s)
+        except (OSError, TimeoutError) as err:
+            raise ConfigError(f"--scheduler {scheduler}: cannot connect to a Dask scheduler within {timeout_s:g} s ({err})") from None
         with client:
             yield client.get_executor()
     else:
@@ -290,7 +311,8 @@ def main_sweep(a: Any) -> int:
     print(f"sweep '{spec.name}': {len(spec.variants)} variants x {len(spec.utilisation)} utilisation points x "
           f"{len(spec.seeds)} seeds = {n} runs -> {out}/", file=sys.stderr)
     try:
-        with executor_for(a.executor, jobs=a.jobs, scheduler=getattr(a, "scheduler", None)) as executor:
+        with executor_for(a.executor, jobs=a.jobs, scheduler=getattr(a, "scheduler", None),
+                          timeout_s=getattr(a, "scheduler_timeout", 10.0)) as executor:
             df, caps = run_sweep(spec, out, jobs=a.jobs, executor=executor)
     except KeyboardInterrupt:
         print(f"\ninterrupted: finished points are in {out / 'points'}; run the same command again to resume",
