@@ -101,7 +101,6 @@ class Replica:
         self.n_running = 0
         self.wakeup = env.event()
         self.idle = True
-        self.busy_s = 0.0
         self.proc = env.process(self.run())
 
     # ------------------------------------------------------------- routing
@@ -298,7 +297,6 @@ class Replica:
                 n_dec, ctx_dec, k, n_pre, pre_tokens, pre_ctx, pre_pairs)
             start = env.now
             yield env.timeout(total_s)
-            self.busy_s += total_s
             now = env.now
             # 3a. decode / verification results
             emitted_total = 0
