@@ -229,9 +229,9 @@ def table(profiles: dict[str, Efficiency] | None = None) -> list[dict[str, objec
 # The fitted profiles, as printed by `python -m models.calibration` (a test re-fits and checks
 # that these stay current).
 _FIT = {
-    "baseline": Efficiency(mfu_max=0.6313, mfu_max_quant=0.4988, bw_eff=0.9264, allreduce_latency_s=2e-6,
+    "baseline": Efficiency(mfu_max=0.6312, mfu_max_quant=0.4988, bw_eff=0.9264, allreduce_latency_s=2e-6,
                            step_overhead_s=0.0, layer_overhead_s=2.174e-4, **FIXED, source=""),
-    "tuned": Efficiency(mfu_max=0.6313, mfu_max_quant=0.4988, bw_eff=0.9264, allreduce_latency_s=2e-6,
+    "tuned": Efficiency(mfu_max=0.6312, mfu_max_quant=0.4988, bw_eff=0.9264, allreduce_latency_s=2e-6,
                         step_overhead_s=1.161e-3, layer_overhead_s=0.0, **FIXED, source=""),
 }
 EFFICIENCY: dict[tuple[str, str], Efficiency] = {}

@@ -16,8 +16,9 @@ tokens already in its KV cache (`context`). The step is charged
     comm_s     = 2 all-reduces per layer (tensor parallel), each latency + ring volume / link
     overhead_s = per-step engine overhead + per-layer launch overhead of each forward pass
 
-`mfu(tokens) = mfu_max * tokens / (tokens + mfu_half_tokens)`: small token counts per step reach a
-small fraction of peak. The factors come from `models.calibration` (docs/CALIBRATION.md).
+`mfu(tokens) = mfu_max * tokens / (tokens + mfu_half_tokens)`: the linear layers' GEMMs over a
+step with few tokens reach a small fraction of peak. Attention kernels work per sequence and are
+charged at `mfu_max` (so adding a sequence to a batch can never make a step faster). The factors come from `models.calibration` (docs/CALIBRATION.md).
 Everything is per GPU: weights, heads and FLOPs are divided by the tensor-parallel degree.
 """
 
@@ -169,7 +170,7 @@ class CostModel:
         # two kernel classes, each its own roofline: the linear layers (weights, activations) and
         # attention (KV cache); a step is the sum, since they run one after the other
         lin_c = self.flops_per_token * tokens / (self.peak * mfu)
-        attn_c = self.attn_flops_per_pair * attn_pairs / (self.peak * mfu)
+        attn_c = self.attn_flops_per_pair * attn_pairs / (self.peak * self.mfu_max)  # per-sequence kernels
         lin_m = (w + act) / self.bw
         attn_m = (kv_r + kv_w) / self.bw
         compute_s = lin_c + attn_c
