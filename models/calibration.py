@@ -16,6 +16,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -174,7 +175,8 @@ def fit_step_times(
     batch, context, new_tokens, measured_s = map(np.asarray, (batch, context, new_tokens, measured_s))
 
     def make(x: np.ndarray) -> Efficiency:
-        return dataclasses.replace(start, **dict(zip(fields, map(float, x), strict=True)))
+        values: dict[str, Any] = dict(zip(fields, map(float, x), strict=True))
+        return dataclasses.replace(start, **values)
 
     def resid(x: np.ndarray) -> np.ndarray:
         cm = CostModel(cost.model, cost.gpu, cost.tp, cost.weights, cost.kv, make(x))
@@ -212,7 +214,8 @@ def load_efficiency(path: str | Path, base: Efficiency | None = None) -> Efficie
     if unknown_keys:
         raise ConfigError(f"{p}: unknown efficiency factor(s) {sorted(unknown_keys)} (known: {', '.join(EFFICIENCY_FIELDS)})")
     start = base or EFFICIENCY[("hopper", "baseline")]
-    return dataclasses.replace(start, **{k: (str(v) if k == "source" else float(v)) for k, v in data.items()})
+    values: dict[str, Any] = {k: (str(v) if k == "source" else float(v)) for k, v in data.items()}
+    return dataclasses.replace(start, **values)
 
 
 def table(profiles: dict[str, Efficiency] | None = None) -> list[dict[str, object]]:

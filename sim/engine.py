@@ -16,7 +16,8 @@ State lives in fixed-size numpy slot arrays, so per-step work is independent of 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
@@ -220,7 +221,7 @@ class Replica:
         return tc.total_s + draft_s + over, tc.total_s, draft_s, over, flops, nbytes
 
     # ------------------------------------------------------------- engine loop
-    def run(self):
+    def run(self) -> Generator[simpy.Event, Any, None]:
         env, rt, reqs = self.env, self.rt, self.reqs
         budget_max = rt.max_num_batched_tokens
         spec = rt.spec
@@ -258,13 +259,13 @@ class Replica:
             chunk_idx: list[int] = []
             chunks: list[int] = []
             if n_dec < n:
-                for i in np.flatnonzero(~dec):
+                for j in np.flatnonzero(~dec).tolist():
                     if budget <= 0:
                         break
-                    c = self._fit_chunk(int(i), budget)
+                    c = self._fit_chunk(j, budget)
                     if c <= 0:
                         break
-                    chunk_idx.append(int(i))
+                    chunk_idx.append(j)
                     chunks.append(c)
                     budget -= c
             while (not preempted and budget > 0 and self.waiting and self.n_running < rt.max_num_seqs

@@ -34,7 +34,7 @@ def dist(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float]:
     cum = np.cumsum(ws) / ws.sum()
     out = {"mean": float((xs * ws).sum() / ws.sum())}  # no BLAS dot: summation order must not depend on threads
     for p in PERCENTILES:
-        out[f"p{p}"] = float(xs[min(np.searchsorted(cum, p / 100.0), xs.size - 1)])
+        out[f"p{p}"] = float(xs[min(int(np.searchsorted(cum, p / 100.0)), xs.size - 1)])
     return out
 
 

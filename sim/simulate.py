@@ -11,6 +11,7 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,7 @@ def versions() -> dict[str, str]:
 
 
 def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica], router: str,
-              stop: simpy.Event, backlog_limit: int):
+              stop: simpy.Event, backlog_limit: int) -> Generator[simpy.Event, Any, None]:
     """Replay the request table: one URGENT event per distinct arrival time."""
     n = times.size
     i = 0
@@ -142,7 +143,8 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     return req_df, steps, truncated, float(env.now)
 
 
-def _watch_done(env: simpy.Environment, reqs: Requests, progress: Progress | None = None):
+def _watch_done(env: simpy.Environment, reqs: Requests,
+                progress: Progress | None = None) -> Generator[simpy.Event, Any, None]:
     """Ends the run once every request has completed (checked once per simulated second), and
     drives the progress bar (share of requests completed) when one is given."""
     while True:

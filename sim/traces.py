@@ -47,9 +47,9 @@ def _raise_first(name: str, bad: list[tuple[int, str]]) -> None:
 def _tokens(values: pd.Series, lines: np.ndarray, field: str, bad: list[tuple[int, str]]) -> np.ndarray:
     """Validate token counts given as text: integers >= 1 (an empty prompt or output is not a request)."""
     text = values.astype(str).str.strip()
-    ok = text.str.fullmatch(r"\+?\d{1,18}")
-    nums = pd.to_numeric(text.where(ok, "0")).to_numpy(np.int64)
-    ok = ok.to_numpy(bool) & (nums >= 1)
+    digits = text.str.fullmatch(r"\+?\d{1,18}")
+    nums = pd.to_numeric(text.where(digits, "0")).to_numpy(np.int64)
+    ok = digits.to_numpy(bool) & (nums >= 1)
     if not ok.all():
         i = int(np.argmin(ok))
         bad.append((int(lines[i]), f"{field}={_show(values.iloc[i])} must be an integer >= 1 "
