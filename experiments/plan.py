@@ -25,7 +25,7 @@ import pandas as pd
 
 from models.errors import ConfigError, unknown
 from sim.deployment import build_runtime
-from sim.scenario import Scenario, load_scenario
+from sim.scenario import Scenario, load_scenario, read_toml
 from sim.simulate import simulate
 from sim.traces import load_trace, trace_rate_rps
 
@@ -70,12 +70,7 @@ def _positive(d: dict[str, Any], key: str, where: str, default: float | None = N
 def load_plan(path: str | Path, quick: bool = False) -> PlanSpec:
     """Read and validate a plan file; one-line ConfigErrors name the field and the fix."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"plan file not found: {p}")
-    try:
-        d = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{p}: invalid TOML: {err}") from None
+    d = read_toml(p, "plan")
     known = {"name", "base", "traffic", "slo", "search", "quality", "strategies", "analyses", "quick"}
     extra = set(d) - known
     if extra:

@@ -15,7 +15,6 @@ import json
 import os
 import sys
 import time
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -26,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from models.errors import ConfigError
-from sim.scenario import Scenario, load_scenario
+from sim.scenario import Scenario, load_scenario, read_toml
 from sim.simulate import capacity, simulate
 
 KEY_PARAMS = {
@@ -59,12 +58,7 @@ def default_sweep_path() -> Path:
 def load_sweep(path: str | Path | None = None, quick: bool = False) -> SweepSpec:
     """Read a sweep file (the built-in default when None); `quick` applies its [quick] table."""
     p = Path(path) if path else default_sweep_path()
-    if not p.is_file():
-        raise ConfigError(f"sweep file not found: {p}")
-    try:
-        d = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{p}: invalid TOML: {err}") from None
+    d = read_toml(p, "sweep")
     for field in ("base", "utilisation", "variants"):
         if field not in d:
             raise ConfigError(f"{p.name}: missing '{field}' (see experiments/sweeps/default.toml)")

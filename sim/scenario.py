@@ -303,15 +303,21 @@ def scenario_from_dict(data: dict[str, Any]) -> Scenario:
         raise ConfigError(_fmt_error(err)) from None
 
 
+def read_toml(path: str | Path, kind: str) -> dict[str, Any]:
+    """A TOML file as a dict, or a one-line ConfigError (missing file, syntax error)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{kind} file not found: {p}")
+    try:
+        return tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{p}: invalid TOML: {err}") from None
+
+
 def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> Scenario:
     """Read and validate a TOML scenario; relative trace paths resolve against its folder."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"scenario file not found: {p}")
-    try:
-        data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{p}: invalid TOML: {err}") from None
+    data = read_toml(p, "scenario")
     dep = data.get("deployment", {})
     if isinstance(dep, dict) and isinstance(dep.get("efficiency_file"), str) and not Path(dep["efficiency_file"]).is_absolute():
         dep["efficiency_file"] = str((p.parent / dep["efficiency_file"]).resolve())
