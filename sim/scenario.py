@@ -192,6 +192,11 @@ class Workload(_Strict):
     def _consistent(self) -> Workload:
         if self.arrival == "trace" and not self.trace:
             raise ValueError("arrival 'trace' needs trace = '<path to a trace file>'")
+        if self.arrival == "trace" and self.trace and not Path(self.trace).is_file():
+            raise ValueError(f"trace file not found: {self.trace} (paths are relative to the scenario file)")
+        for name, d in (("prompt_tokens", self.prompt_tokens), ("output_tokens", self.output_tokens)):
+            if isinstance(d, Empirical) and not Path(d.trace).is_file():
+                raise ValueError(f"{name}: trace file not found: {d.trace} (paths are relative to the scenario file)")
         if self.arrival != "trace" and self.utilisation is None and self.rate_rps is None:
             raise ValueError("set utilisation = <fraction of capacity> or rate_rps = <requests/s>")
         if self.utilisation is not None and self.rate_rps is not None:
