@@ -70,6 +70,7 @@ class Requests:
         self.accepted = np.zeros(n, dtype=np.int64)
         self.generated = np.zeros(n, dtype=np.int64)  # kept across preemptions (recompute)
         self.verify_steps = np.zeros(n, dtype=np.int64)
+        self.n_done = 0  # requests completed so far
 
 
 class Replica:
@@ -335,6 +336,7 @@ class Replica:
                 f = np.flatnonzero(fin)
                 self._sync(f)
                 reqs.completion[self.rid[f]] = now
+                reqs.n_done += int(f.size)
                 self.free_blocks += int(self.blocks[f].sum())
                 self._compact(~fin)
             used_blocks = self.rt.plan.num_blocks - self.free_blocks

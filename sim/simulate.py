@@ -147,12 +147,12 @@ def _watch_done(env: simpy.Environment, reqs: Requests,
                 progress: Progress | None = None) -> Generator[simpy.Event, Any, None]:
     """Ends the run once every request has completed (checked once per simulated second), and
     drives the progress bar (share of requests completed) when one is given."""
+    total = reqs.completion.size
     while True:
         yield env.timeout(1.0)
-        left = int(np.isnan(reqs.completion).sum())
         if progress is not None:
-            progress.update(reqs.completion.size - left)
-        if not left:
+            progress.update(reqs.n_done)
+        if reqs.n_done >= total:
             return
 
 
