@@ -185,6 +185,24 @@ class CostModel:
         total = busy + comm_s + overhead_s
         return StepCost(flops, w, kv_r, kv_w, act, compute_s, memory_s, comm_s, overhead_s, total)
 
+    def total_s_many(self, num_seqs: int, tokens: np.ndarray, context_tokens: np.ndarray, attn_pairs: np.ndarray,
+                     *, step_overhead: bool = True) -> np.ndarray:
+        """`step_sums(...).total_s` for many candidate steps at once (same formula, vectorised):
+        the adaptive speculation policy prices every k in one call."""
+        m, e = self.model, self.eff
+        t = np.maximum(np.asarray(tokens, dtype=np.float64), 1e-12)
+        w = np.full_like(t, self.dense_weight_bytes)
+        if self.expert_weight_bytes:
+            w = w + self.expert_weight_bytes * (1.0 - (1.0 - m.experts_per_token / m.num_experts) ** t)
+        mfu = self.mfu_max * t / (t + e.mfu_half_tokens)
+        lin = np.maximum(self.flops_per_token * t / (self.peak * mfu), (w + self.act_bytes_per_token * t) / self.bw)
+        attn = np.maximum(self.attn_flops_per_pair * np.asarray(attn_pairs) / (self.peak * self.mfu_max),
+                          self.kv_bytes_per_token_gpu * (np.asarray(context_tokens) + t) / self.bw)
+        comm = (self.n_allreduce * (e.allreduce_latency_s + self.ring_factor * t * m.hidden_size * ACT_BYTES / self.comm_bw)
+                if self.n_allreduce else 0.0)
+        over = self.pass_overhead_s + (e.step_overhead_s if step_overhead else 0.0)
+        return np.where(np.asarray(tokens) > 0, lin + attn + comm + over, 0.0)
+
     def step(self, new_tokens: np.ndarray | list[int], context: np.ndarray | list[int], *, step_overhead: bool = True) -> StepCost:
         """Cost of one forward pass over a batch: per sequence, new tokens and cached tokens."""
         n = np.asarray(new_tokens, dtype=np.float64)

@@ -70,6 +70,7 @@ class Requests:
         self.accepted = np.zeros(n, dtype=np.int64)
         self.generated = np.zeros(n, dtype=np.int64)  # kept across preemptions (recompute)
         self.verify_steps = np.zeros(n, dtype=np.int64)
+        self.verify_emitted = np.zeros(n, dtype=np.int64)
         self.n_done = 0  # requests completed so far
 
 
@@ -82,7 +83,7 @@ class Replica:
     sequences, never history.
     """
 
-    _FIELDS = ("rid", "computed", "target", "blocks", "gen", "out", "acc", "n_acc", "n_prop", "n_verify")
+    _FIELDS = ("rid", "computed", "target", "blocks", "gen", "out", "acc", "n_acc", "n_prop", "n_verify", "n_vemit")
 
     def __init__(self, env: simpy.Environment, idx: int, rt: ReplicaRuntime, reqs: Requests,
                  rng: np.random.Generator, log: StepLog) -> None:
@@ -98,6 +99,7 @@ class Replica:
         self.n_acc = np.zeros(s, dtype=np.int64)  # drafted tokens accepted so far
         self.n_prop = np.zeros(s, dtype=np.int64)  # drafted tokens proposed so far
         self.n_verify = np.zeros(s, dtype=np.int64)  # verification steps so far
+        self.n_vemit = np.zeros(s, dtype=np.int64)  # tokens emitted by those verifications
         self.free_blocks = rt.plan.num_blocks
         self.waiting: deque[int] = deque()
         self.n_running = 0
@@ -124,6 +126,7 @@ class Replica:
         reqs.accepted[r] = self.n_acc[idx]
         reqs.proposed[r] = self.n_prop[idx]
         reqs.verify_steps[r] = self.n_verify[idx]
+        reqs.verify_emitted[r] = self.n_vemit[idx]
 
     def sync(self) -> None:
         """Flush the running sequences' counters (at the end of a run)."""
@@ -142,6 +145,7 @@ class Replica:
         self.n_acc[i] = reqs.accepted[rid]
         self.n_prop[i] = reqs.proposed[rid]
         self.n_verify[i] = reqs.verify_steps[rid]
+        self.n_vemit[i] = reqs.verify_emitted[rid]
         self.n_running = i + 1
         return i
 
@@ -180,23 +184,35 @@ class Replica:
         exp_tokens = expected_tokens_table(est, spec.k, spec.decay).sum(axis=0)
         n_dec = int(dec.sum())
         ctx = float(self.computed[:n][dec].sum())
-        best_k, best = 0, -1.0
-        for k in range(spec.k + 1):
-            t = self._spec_cost(n_dec, ctx, k, 0, 0.0, 0.0, 0.0)[0]
-            rate = exp_tokens[k] / t
-            if rate > best * (1.0 + 1e-9):
-                best_k, best = k, rate
-        return best_k
+        # every k = 0..k_max priced in one vectorised call per model (the same formulas as a step)
+        k = np.arange(spec.k + 1, dtype=np.float64)
+        q = k + 1.0
+        target = self.rt.cost.total_s_many(n_dec, n_dec * q, np.full_like(k, ctx), ctx * q + n_dec * q * (q + 1) / 2.0)
+        total = target * (1.0 + self._overhead_frac())
+        if spec.draft_cost is not None:
+            mean_ctx = ctx + n_dec * (k - 1) / 2.0
+            one = spec.draft_cost.total_s_many(n_dec, np.full_like(k, n_dec), mean_ctx, mean_ctx + n_dec,
+                                               step_overhead=False)
+            total = total + k * one
+        rate = exp_tokens / total
+        return int(np.argmax(rate >= rate.max() * (1.0 - 1e-9)))  # the smallest k within rounding of the best
+
+    def _overhead_frac(self) -> float:
+        """Speculation machinery overhead as a fraction of the target pass (grows with the batch)."""
+        spec = self.rt.spec
+        assert spec is not None
+        return spec.overhead_frac_at_2 + spec.overhead_frac_per_seq * max(0, self.n_running - 2)
 
     def _spec_cost(self, n_dec: int, ctx_dec: float, k: int, n_pre: int, pre_tokens: float,
                    pre_ctx: float, pre_pairs: float) -> tuple[float, float, float, float, float, float]:
-        """(total_s, target_s, draft_s, overhead_s, flops, bytes) of a step."""
+        """(total_s, target_s, draft_s, overhead_s, flops, bytes) of a step; FLOPs and bytes are
+        summed over all the replica's GPUs (target and draft)."""
         rt = self.rt
         q = k + 1
         tokens = n_dec * q + pre_tokens
         pairs = ctx_dec * q + n_dec * q * (q + 1) / 2.0 + pre_pairs
         tc = rt.cost.step_sums(n_dec + n_pre, tokens, ctx_dec + pre_ctx, pairs)
-        flops, nbytes = tc.flops, tc.bytes
+        flops, nbytes = tc.flops * rt.cost.tp, tc.bytes * rt.cost.tp
         draft_s = 0.0
         over = 0.0
         spec = rt.spec
@@ -211,14 +227,18 @@ class Replica:
                     mean_ctx = ctx_dec + n_dec * (k - 1) / 2.0
                     d = dc.step_sums(n_dec, n_dec, mean_ctx, mean_ctx + n_dec, step_overhead=False)
                     draft_s += k * d.total_s
-                    flops += k * d.flops
-                    nbytes += k * d.bytes
+                    flops += k * d.flops * dc.tp
+                    nbytes += k * d.bytes * dc.tp
                 if pre_tokens:
                     d = dc.step_sums(n_pre, pre_tokens, pre_ctx, pre_pairs, step_overhead=False)
                     draft_s += d.total_s
-                    flops += d.flops
-                    nbytes += d.bytes
-            over = tc.total_s * (spec.overhead_frac_at_2 + spec.overhead_frac_per_seq * max(0, self.n_running - 2))
+                    flops += d.flops * dc.tp
+                    nbytes += d.bytes * dc.tp
+            if n_dec:
+                # the machinery (proposer, rejection sampler, bookkeeping) runs on every decoding
+                # step of a speculation-enabled engine, also when k = 0 (vLLM issue 49548 measured
+                # it with nothing drafted)
+                over = tc.total_s * self._overhead_frac()
         return tc.total_s + draft_s + over, tc.total_s, draft_s, over, flops, nbytes
 
     # ------------------------------------------------------------- engine loop
@@ -239,7 +259,9 @@ class Replica:
             # 1. reserve KV blocks for decode tokens, preempting the youngest while short
             preempted = False
             while True:
-                need = np.where(dec, -(-(self.computed[:n] + q) // BLOCK_SIZE) - self.blocks[:n], 0)
+                # tokens this step can write: k+1, but never past the request's remaining output
+                grow = np.minimum(q, self.out[:n] - self.gen[:n])
+                need = np.where(dec, -(-(self.computed[:n] + grow) // BLOCK_SIZE) - self.blocks[:n], 0)
                 need_total = int(need.sum())
                 if need_total <= self.free_blocks:
                     break
@@ -308,8 +330,9 @@ class Replica:
                     acc = sample_accepted(self.rng, self.acc[ds], k, spec.decay)
                     emit = np.minimum(acc + 1, left)
                     self.n_prop[ds] += k
-                    self.n_acc[ds] += np.minimum(acc, emit)
+                    self.n_acc[ds] += acc  # drafted tokens the target agreed with (vLLM's count)
                     self.n_verify[ds] += 1
+                    self.n_vemit[ds] += emit
                 else:
                     emit = np.minimum(1, left)
                 self.gen[ds] += emit

@@ -50,8 +50,11 @@ def queue_growth_rps(steps: pd.DataFrame) -> float:
     """Growth rate of the waiting queue (requests/s): least-squares slope per replica, summed."""
     total = 0.0
     for _, g in steps.groupby("replica"):
-        if len(g) >= 3 and np.ptp(g.start_s.to_numpy()) > 0:
-            total += float(np.polyfit(g.start_s.to_numpy(), g.waiting.to_numpy(float), 1)[0])
+        x = g.start_s.to_numpy(np.float64)
+        y = g.waiting.to_numpy(np.float64)
+        if x.size >= 3 and np.ptp(x) > 0:
+            dx = x - x.mean()  # closed-form least squares: no LAPACK, so no thread-dependent rounding
+            total += float((dx * (y - y.mean())).sum() / (dx * dx).sum())
     return total
 
 
@@ -83,19 +86,19 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     good = (m.ttft_s <= slo_ttft_s) & ((m.tpot_s <= slo_itl_s) | m.tpot_s.isna())
     s["goodput_rps"] = float(good.sum()) / window
     s["slo_attainment"] = float(good.mean()) if len(m) else float("nan")
-    gpu_time = window * replicas
-    s["gpu_busy_fraction"] = float(st.duration_s.sum()) / gpu_time
+    s["gpu_busy_fraction"] = float(st.duration_s.sum()) / (window * replicas)
+    gpu_time = window * replicas * gpus_per_replica  # step FLOPs and bytes are per replica, all its GPUs
     s["mfu"] = float(st.flops.sum()) / (gpu_time * peak_flops)
     s["hbm_bw_utilisation"] = float(st.bytes.sum()) / (gpu_time * mem_bw)
     dur = st.duration_s.to_numpy()
     s["mean_batch_size"] = float((st.batch_size.to_numpy() * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0
-    s["preemptions"] = int(req.preemptions.sum())
+    s["preemptions"] = int(req.preemptions[meas].sum())
     # speculation, over the window like everything else: requests arriving in it, steps starting in it
     rw = req[meas]
     prop = float(rw.draft_proposed.sum())
     s["acceptance_rate"] = float(rw.draft_accepted.sum()) / prop if prop else float("nan")
     vs = float(rw.verify_steps.sum())
-    s["tokens_per_step"] = (float(rw.draft_accepted.sum()) + vs) / vs if vs else 1.0
+    s["tokens_per_step"] = float(rw.verify_emitted.sum()) / vs if vs else 1.0
     busy = float(st.duration_s.sum())
     s["draft_share"] = float(st.draft_s.sum()) / busy if busy else 0.0
     s["spec_overhead_share"] = float(st.spec_overhead_s.sum()) / busy if busy else 0.0

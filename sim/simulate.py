@@ -135,6 +135,7 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         "completion_s": reqs.completion, "prompt_tokens": reqs.prompt, "output_tokens": reqs.output,
         "generated_tokens": reqs.generated, "preemptions": reqs.preemptions, "acceptance": acc,
         "draft_proposed": reqs.proposed, "draft_accepted": reqs.accepted, "verify_steps": reqs.verify_steps,
+        "verify_emitted": reqs.verify_emitted,
     })
     req_df.attrs["rejected"] = rejected
     steps = pd.DataFrame(log.table(), columns=list(STEP_COLUMNS))

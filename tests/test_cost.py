@@ -253,3 +253,16 @@ def test_step_matches_uniform(c70: CostModel) -> None:
     b = c70.uniform(7, 900, 3)
     assert a.total_s == pytest.approx(b.total_s, rel=1e-12)
     assert a.flops == pytest.approx(b.flops, rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["llama-3.1-70b", "mixtral-8x7b", "llama-3.2-1b"]), st.sampled_from([1, 2, 4]),
+       st.integers(1, 300), st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 200000)), min_size=1, max_size=6))
+def test_vectorised_totals_equal_step_sums(name: str, tp: int, n: int, cands: list[tuple[int, int]]) -> None:
+    cost = CostModel(name, "h100-sxm", tp)
+    tokens = np.array([float(t) for t, _ in cands])
+    ctx = np.array([float(c) for _, c in cands])
+    pairs = ctx + tokens * (tokens + 1) / 2
+    many = cost.total_s_many(n, tokens, ctx, pairs)
+    one = [cost.step_sums(n, t, c, p).total_s for t, c, p in zip(tokens, ctx, pairs, strict=True)]
+    np.testing.assert_allclose(many, one, rtol=1e-12)

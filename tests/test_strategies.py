@@ -89,9 +89,12 @@ def test_tokens_per_verification_matches_closed_form(a: float, k: int) -> None:
     warm = min(sc.workload.warmup_s, 0.5 * end)
     w = req[(req.arrival_s >= warm) & (req.arrival_s < end)]
     v = float(w.verify_steps.sum())
-    from_table = (float(w.draft_accepted.sum()) + v) / v
+    from_table = float(w.verify_emitted.sum()) / v
     assert res.summary["tokens_per_step"] == pytest.approx(from_table, rel=1e-12)
     assert abs(from_table - exact) <= 4 * se + k * n_req / v
+    # emitted = accepted + 1 except where the remaining output cut a verification short
+    uncapped = (float(w.draft_accepted.sum()) + v) / v
+    assert from_table <= uncapped and uncapped - from_table <= k * n_req / v
     # accepted never exceeds proposed, per request; a fixed policy proposes k per verification
     assert (req.draft_accepted <= req.draft_proposed).all()
     np.testing.assert_array_equal(req.draft_proposed, k * req.verify_steps)
