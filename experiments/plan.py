@@ -15,7 +15,6 @@ import concurrent.futures as cf
 import dataclasses
 import os
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from experiments.sweep import Variant, default_sweep_path
 from models.errors import ConfigError, unknown
-from sim.deployment import build_runtime
+from sim.deployment import build_runtime, gpus_per_replica
 from sim.scenario import Scenario, load_scenario, read_toml
 from sim.simulate import simulate
 from sim.traces import load_trace, trace_rate_rps
@@ -33,10 +33,8 @@ CADENCES = {"never": 0.0, "quarterly": 1.0 / 3.0, "monthly": 1.0, "weekly": 52.0
 HOURS_PER_MONTH = 720.0
 
 
-@dataclass(frozen=True)
-class Strategy:
-    name: str
-    overrides: dict[str, Any]
+# a plan's strategy is a sweep's variant: a name and overrides of the base scenario
+Strategy = Variant
 
 
 @dataclass(frozen=True)
@@ -173,9 +171,7 @@ def _nums(d: dict[str, Any], key: str, default: list[float], **bounds: Any) -> t
 
 def builtin_strategies() -> dict[str, Strategy]:
     """The default sweep's variants, usable by name in plan files."""
-    from experiments.sweep import default_sweep_path
-
-    d = tomllib.loads(default_sweep_path().read_text())
+    d = read_toml(default_sweep_path(), "sweep")
     return {v["name"]: Strategy(v["name"], dict(v.get("set", {}))) for v in d["variants"]}
 
 
@@ -188,7 +184,7 @@ def _check_reachable(name: str, base: Scenario, strategies: list[Strategy], gpus
     for g in gpus:
         for s in strategies:
             one = _scenario(base, s, g, prices, 1, rate)
-            per = build_runtime(one).gpus_per_replica
+            per = gpus_per_replica(one)
             if per > max_gpus:
                 continue
             best = max(best, capacity(one, speculative=True).rps * (max_gpus // per))
@@ -200,9 +196,9 @@ def _check_reachable(name: str, base: Scenario, strategies: list[Strategy], gpus
 def _scenario(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], replicas: int, rate: float,
               teacher_updates: float | None = None) -> Scenario:
     """The strategy on `replicas` replicas of this GPU type, offered `rate` requests/s."""
-    sc = base.with_overrides({**s.overrides, "rack.gpu": gpu})
-    rt = build_runtime(sc.with_overrides({"rack.num_gpus": max(sc.rack.num_gpus, 64)}))
-    over: dict[str, Any] = {"rack.num_gpus": replicas * rt.gpus_per_replica, "workload.rate_rps": rate}
+    # any rack large enough for one replica while the strategy is applied; sized below
+    sc = base.with_overrides({**s.overrides, "rack.gpu": gpu, "rack.num_gpus": 4096})
+    over: dict[str, Any] = {"rack.num_gpus": replicas * gpus_per_replica(sc), "workload.rate_rps": rate}
     if gpu in prices:
         over["rack.usd_per_gpu_hour"] = prices[gpu]
     elif base.rack.usd_per_gpu_hour is not None and gpu == base.rack.gpu:
@@ -224,7 +220,7 @@ def evaluate(sc: Scenario, seeds: tuple[int, ...]) -> dict[str, Any]:
 def min_rack(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], rate: float, max_gpus: int,
              seeds: tuple[int, ...], teacher_updates: float, start: int = 1) -> dict[str, Any]:
     """Smallest replica count meeting the SLO at this rate (doubling, then bisection)."""
-    per = build_runtime(_scenario(base, s, gpu, prices, 1, rate)).gpus_per_replica
+    per = gpus_per_replica(_scenario(base, s, gpu, prices, 1, rate))
     max_rep = max_gpus // per
     if max_rep < 1:
         return {"feasible": False, "reason": f"one replica needs {per} GPUs > max_gpus {max_gpus}"}

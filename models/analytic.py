@@ -28,10 +28,10 @@ def concurrency_limit(plan: MemoryPlan, isl: float, osl: float, max_num_seqs: in
     return float(min(max_num_seqs, plan.kv_capacity_tokens / (isl + osl / 2.0)))
 
 
-def saturation_tok_s(cost: CostModel, plan: MemoryPlan, isl: float, osl: float, max_num_seqs: int) -> float:
-    """Output tokens per second of one replica given unlimited waiting requests."""
-    b = concurrency_limit(plan, isl, osl, max_num_seqs)
-    return b / mixed_step(cost, b, isl, osl).total_s
+def steady_tok_s(cost: CostModel, batch: float, isl: float, osl: float) -> float:
+    """Output tokens per second of one replica holding `batch` sequences (use concurrency_limit
+    for the most it can hold, i.e. its saturation throughput)."""
+    return batch / mixed_step(cost, batch, isl, osl).total_s
 
 
 def decode_itl_s(cost: CostModel, batch: int, context: int) -> float:

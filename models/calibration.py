@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from models.analytic import concurrency_limit, decode_itl_s, mixed_step, prefill_s
+from models.analytic import concurrency_limit, decode_itl_s, prefill_s, steady_tok_s
 from models.cost import CostModel, Efficiency
 from models.errors import ConfigError
 from models.memory import plan_memory
@@ -83,14 +83,6 @@ ANCHORS: tuple[Anchor, ...] = (
            "Llama-3.2-1B draft, TP1, batch 1", draft="llama-3.2-1b", engine="baseline"),
 )
 
-# Anchors we do not fit, with the reason (listed in docs/CALIBRATION.md):
-EXCLUDED = {
-    "MLPerf v4.1 H100x8 / H200x8 Server (21,606 / 29,228 tok/s; TTFT 276 ms, TPOT 155 ms)":
-        "a load point under latency constraints, not a capacity: it needs the simulator's queueing "
-        "(checked against the engine, not the analytic fit)",
-}
-
-
 def predict(anchor: Anchor, eff: Efficiency) -> float:
     """The cost model's prediction of one anchor's published figure."""
     cost = CostModel(anchor.model, anchor.gpu, anchor.tp, anchor.weights, anchor.kv_cache, eff)
@@ -108,7 +100,7 @@ def predict(anchor: Anchor, eff: Efficiency) -> float:
     else:
         plan = plan_memory(cost, max_num_seqs=anchor.max_num_seqs)
         b = concurrency_limit(plan, anchor.isl, anchor.osl, anchor.max_num_seqs)
-    return replicas * b / mixed_step(cost, b, anchor.isl, anchor.osl).total_s
+    return replicas * steady_tok_s(cost, b, anchor.isl, anchor.osl)
 
 
 # Held fixed in the fit (orientation values, see docs/CALIBRATION.md):

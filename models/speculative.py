@@ -62,22 +62,30 @@ def improvement_factor(a: float, k: int, c: float) -> float:
     return float(expected_tokens(a, k)) / (k * c + 1.0)
 
 
-def beta_params(mean: float, spread: float) -> tuple[float, float]:
-    """Beta(alpha, beta) with this mean and standard deviation `spread` (0 < spread^2 < m(1-m))."""
-    var = spread * spread
-    common = mean * (1.0 - mean) / var - 1.0
-    return mean * common, (1.0 - mean) * common
+def beta_params(mean: np.ndarray | float, spread: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+    """Beta(alpha, beta) with this mean and standard deviation `spread`; a spread too wide for a
+    Beta (spread^2 >= m(1-m)) is narrowed to just inside the limit."""
+    m = np.asarray(mean, dtype=np.float64)
+    var = np.minimum(np.asarray(spread, dtype=np.float64) ** 2, 0.999 * m * (1.0 - m))
+    common = m * (1.0 - m) / var - 1.0
+    return m * common, (1.0 - m) * common
+
+
+def acceptance_at_quantile(q: np.ndarray, mean: np.ndarray, spread: np.ndarray) -> np.ndarray:
+    """Per-request acceptance rates: each class's Beta distribution at the request's own quantile
+    q ~ U(0,1) (common random numbers: every method maps the same q). Spread 0 gives the mean."""
+    from scipy import stats
+
+    m = np.asarray(mean, dtype=np.float64)
+    s = np.asarray(spread, dtype=np.float64)
+    out = m.copy()
+    draw = (s > 0) & (m > 0) & (m < 1)
+    if draw.any():
+        a, b = beta_params(m[draw], s[draw])
+        out[draw] = stats.beta.ppf(np.asarray(q)[draw], a, b)
+    return np.clip(out, 0.0, 0.999)
 
 
 def sample_acceptance(rng: np.random.Generator, mean: np.ndarray, spread: np.ndarray) -> np.ndarray:
-    """Per-request acceptance rates: Beta draws around each class mean (spread 0 = the mean)."""
-    mean = np.asarray(mean, dtype=np.float64)
-    spread = np.asarray(spread, dtype=np.float64)
-    out = mean.copy()
-    draw = spread > 0
-    if draw.any():
-        m, s = mean[draw], spread[draw]
-        var = np.minimum(s * s, 0.999 * m * (1.0 - m))
-        common = m * (1.0 - m) / var - 1.0
-        out[draw] = rng.beta(m * common, (1.0 - m) * common)
-    return np.clip(out, 0.0, 0.999)
+    """Per-request acceptance rates drawn from each class's Beta distribution."""
+    return acceptance_at_quantile(rng.random(np.asarray(mean).size), mean, spread)

@@ -4,7 +4,7 @@ draft, quality and price. Cross-field checks live here (they need the catalogues
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from models.calibration import load_efficiency
@@ -37,8 +37,7 @@ class SpecRuntime:
     policy: str
     disable_batch_size: int
     decay: float
-    draft_cost: CostModel | None  # None for ngram
-    dedicated: bool
+    draft_cost: CostModel | None  # None for ngram; on its own GPUs (its own TP) when dedicated
     overhead_frac_at_2: float
     overhead_frac_per_seq: float
 
@@ -58,7 +57,6 @@ class ReplicaRuntime:
     quality: tuple[float, float]  # (in-distribution, tail), relative to the full-precision teacher
     retraining: Retraining | None
     usd_per_gpu_hour: float
-    extras: dict[str, float] = field(default_factory=dict)
 
 
 def _draft_model(sc: Scenario) -> LLM | None:
@@ -70,6 +68,13 @@ def _draft_model(sc: Scenario) -> LLM | None:
         return eagle_head(target)
     assert spec.draft_model is not None
     return get_model(spec.draft_model)
+
+
+def gpus_per_replica(sc: Scenario) -> int:
+    """GPUs one replica takes: its tensor-parallel group plus a dedicated draft's GPUs."""
+    spec = sc.speculative
+    draft = spec.draft_gpus if spec is not None and spec.placement == "dedicated" else 0
+    return sc.deployment.tensor_parallel + draft
 
 
 def check_scenario(sc: Scenario) -> None:
@@ -84,7 +89,6 @@ def check_scenario(sc: Scenario) -> None:
     except ConfigError as err:
         raise ValueError(f"deployment.{err}") from None
     spec = sc.speculative
-    draft_gpus = 0
     if spec is not None:
         if spec.method == "draft_model":
             draft = get_model(spec.draft_model or "")
@@ -95,12 +99,11 @@ def check_scenario(sc: Scenario) -> None:
                 )
             if draft.params_total >= target.params_total:
                 raise ValueError(f"speculative.draft_model '{draft.name}' is not smaller than the target '{target.name}'")
-        if spec.placement == "dedicated":
-            draft_gpus = spec.draft_gpus
-            if spec.method == "ngram":
-                raise ValueError("speculative.placement 'dedicated' makes no sense for 'ngram' (no draft model)")
-    per_replica = dep.tensor_parallel + draft_gpus
+        if spec.placement == "dedicated" and spec.method == "ngram":
+            raise ValueError("speculative.placement 'dedicated' makes no sense for 'ngram' (no draft model)")
+    per_replica = gpus_per_replica(sc)
     if per_replica > sc.rack.num_gpus:
+        draft_gpus = per_replica - dep.tensor_parallel
         what = f" + {draft_gpus} dedicated draft GPU(s)" if draft_gpus else ""
         raise ValueError(
             f"rack.num_gpus={sc.rack.num_gpus} cannot hold one replica of tensor_parallel={dep.tensor_parallel}{what}; "
@@ -129,14 +132,12 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
     spec_rt = None
     extra_bytes = 0.0
     extra_kv = 0.0
-    draft_gpus = 0
     dm = _draft_model(sc)
     spec = sc.speculative
     if spec is not None:
         draft_cost = None
         if dm is not None:
             if spec.placement == "dedicated":
-                draft_gpus = spec.draft_gpus
                 tp_d = spec.draft_gpus if dm.num_heads % spec.draft_gpus == 0 else 1
                 draft_cost = CostModel(dm, gpu, tp_d, dep.weights, dep.kv_cache, eff)
             else:
@@ -144,12 +145,11 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
                 extra_bytes = weight_bytes(dm, get_weight_format(dep.weights)) / dep.tensor_parallel
                 extra_kv = draft_cost.kv_bytes_per_token_gpu
         spec_rt = SpecRuntime(spec.method, spec.num_speculative_tokens, spec.policy, spec.disable_batch_size,
-                              spec.acceptance_decay, draft_cost, spec.placement == "dedicated",
-                              spec.overhead_frac_at_2, spec.overhead_frac_per_seq)
+                              spec.acceptance_decay, draft_cost, spec.overhead_frac_at_2, spec.overhead_frac_per_seq)
     plan = plan_memory(cost, gpu_memory_utilization=dep.gpu_memory_utilization,
                        max_num_batched_tokens=dep.max_num_batched_tokens, max_num_seqs=dep.max_num_seqs,
                        extra_bytes=extra_bytes, extra_kv_bytes_per_token=extra_kv)
-    per_replica = dep.tensor_parallel + draft_gpus
+    per_replica = gpus_per_replica(sc)
     replicas = sc.rack.num_gpus // per_replica
     price = sc.rack.usd_per_gpu_hour if sc.rack.usd_per_gpu_hour is not None else gpu.usd_per_gpu_hour
 

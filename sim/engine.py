@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
-from scipy import stats
 
 from models.memory import BLOCK_SIZE
 from models.speculative import expected_tokens_table, sample_accepted
@@ -380,17 +379,3 @@ class Replica:
             self.blocks[i] += extra_blocks
             self.free_blocks -= extra_blocks
         return max(0, c)
-
-
-def acceptance_rates(cls: np.ndarray, accept_q: np.ndarray, means: np.ndarray, spreads: np.ndarray) -> np.ndarray:
-    """Per-request acceptance: the class's Beta distribution at the request's quantile."""
-    m = means[cls]
-    s = spreads[cls]
-    out = m.copy()
-    draw = (s > 0) & (m > 0) & (m < 1)
-    if draw.any():
-        mm, ss = m[draw], s[draw]
-        var = np.minimum(ss * ss, 0.999 * mm * (1.0 - mm))
-        common = mm * (1.0 - mm) / var - 1.0
-        out[draw] = stats.beta.ppf(accept_q[draw], mm * common, (1.0 - mm) * common)
-    return np.clip(out, 0.0, 0.999)

@@ -1,6 +1,6 @@
 """Metrics as pure functions of the request and step tables. Formulas: docs/METRICS.md.
 
-Names are fixed here (`LATENCIES`, `summarise`). Warm-up is excluded: request metrics use requests
+Names are fixed here, in `summarise`. Warm-up is excluded: request metrics use requests
 arriving in [warmup_s, end_s); step metrics use steps starting in that window.
 """
 
@@ -12,7 +12,6 @@ import numpy as np
 import pandas as pd
 
 PERCENTILES = (50, 90, 99)
-LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 
 
 def dist(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float]:

@@ -261,15 +261,11 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
             node.pop(parts[-1], None)
         else:
             node[parts[-1]] = value
-    if "workload" in data and "utilisation" in overrides_keys(overrides):
-        data["workload"].pop("rate_rps", None)
-    if "workload" in data and "rate_rps" in overrides_keys(overrides):
-        data["workload"].pop("utilisation", None)
+    # utilisation and rate_rps are two ways to set one load: setting one replaces the other
+    for key, other in (("utilisation", "rate_rps"), ("rate_rps", "utilisation")):
+        if overrides.get(f"workload.{key}") is not None and isinstance(data.get("workload"), dict):
+            data["workload"].pop(other, None)
     return data
-
-
-def overrides_keys(overrides: dict[str, Any]) -> set[str]:
-    return {k.split(".")[-1] for k, v in overrides.items() if k.startswith("workload.") and v is not None}
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import platform
 import sys
 import time
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,9 @@ import simpy
 from simpy.events import URGENT
 
 from models.catalog import peak_flops
+from models.speculative import acceptance_at_quantile
 from sim.deployment import ReplicaRuntime, build_runtime
-from sim.engine import STEP_COLUMNS, Replica, Requests, StepLog, acceptance_rates
+from sim.engine import STEP_COLUMNS, Replica, Requests, StepLog
 from sim.metrics import summarise
 from sim.scenario import Scenario
 from sim.workload import generate, streams
@@ -38,7 +39,6 @@ class Result:
     requests: pd.DataFrame
     steps: pd.DataFrame
     summary: dict[str, Any]
-    extras: dict[str, Any] = field(default_factory=dict)
 
     def write(self, out: str | Path) -> Path:
         """Write requests.parquet, steps.parquet and summary.json into `out`."""
@@ -106,7 +106,8 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     rejected = int((~fits).sum())
     table = table[fits].reset_index(drop=True)
     arrival = table.arrival_s.to_numpy(np.float64)
-    acc = acceptance_rates(table.cls.to_numpy(), table.accept_q.to_numpy(), means, spreads)
+    cls = table.cls.to_numpy()
+    acc = acceptance_at_quantile(table.accept_q.to_numpy(), means[cls], spreads[cls])
     reqs = Requests(arrival, table.prompt_tokens.to_numpy(np.int64), table.output_tokens.to_numpy(np.int64), acc)
     env = simpy.Environment()
     log = StepLog()

@@ -7,6 +7,7 @@ Bad input raises ConfigError with one line naming the file, the line, the field 
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -176,6 +177,15 @@ def load_trace(path: str | Path, fmt: str = "auto") -> pd.DataFrame:
         raise ConfigError(f"trace file not found: {p.resolve()}; check the path")
     if fmt not in (*FORMATS, "auto"):
         raise ConfigError(f"unknown trace format '{fmt}'; use auto or one of {', '.join(FORMATS)}")
+    st = p.stat()
+    return _parse(name, fmt, st.st_mtime_ns, st.st_size).copy()
+
+
+@functools.lru_cache(maxsize=8)
+def _parse(name: str, fmt: str, mtime_ns: int, size: int) -> pd.DataFrame:
+    """Parse a trace once per process (sweeps replay the same file for every point); keyed by the
+    file's modification time and size so an edited file is read again. Callers get copies."""
+    p = Path(name)
     kind = detect_format(p) if fmt == "auto" else fmt
     df = _read_mooncake(p, name) if kind == "mooncake" else _read_csv(p, name, kind)
     df = df.sort_values("arrival_s", kind="stable", ignore_index=True)
@@ -200,8 +210,8 @@ def scale_to_rate(df: pd.DataFrame, rate_rps: float) -> pd.DataFrame:
     return out
 
 
-def empirical_lengths(path: str | Path, column: str) -> np.ndarray:
+def empirical_lengths(path: str | Path, column: str, fmt: str = "auto") -> np.ndarray:
     """The prompt_tokens or output_tokens of a trace file (any format), for an empirical length distribution."""
     if column not in ("prompt_tokens", "output_tokens"):
         raise ConfigError(f"column='{column}' is not a length column; use prompt_tokens or output_tokens")
-    return load_trace(path)[column].to_numpy(np.int64)
+    return load_trace(path, fmt)[column].to_numpy(np.int64)

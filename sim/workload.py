@@ -44,7 +44,7 @@ class LengthSampler:
             sigma = np.log(d.p90 / d.median) / Z90
             x = rng.lognormal(np.log(d.median), sigma, n)
             return np.clip(np.rint(x), 1, d.max).astype(np.int64)
-        values = empirical_lengths(d.trace, self.column)
+        values = empirical_lengths(d.trace, self.column, d.format)
         return rng.choice(values, size=n, replace=True).astype(np.int64)
 
     def mean(self) -> float:
@@ -54,11 +54,7 @@ class LengthSampler:
         if isinstance(d, LogNormal):
             sigma = np.log(d.p90 / d.median) / Z90
             return float(d.median * np.exp(sigma**2 / 2))
-        return float(np.mean(empirical_lengths(d.trace, self.column)))
-
-
-def sampler(dist: Fixed | LogNormal | Empirical, column: str) -> LengthSampler:
-    return LengthSampler(dist, column)
+        return float(np.mean(empirical_lengths(d.trace, self.column, d.format)))
 
 
 def _renewal(draw, duration_s: float | None, n: int | None, rate: float) -> np.ndarray:
@@ -90,15 +86,6 @@ def gamma_arrivals(rng: np.random.Generator, rate: float, cv: float, duration_s:
     return _renewal(lambda size: rng.gamma(shape, scale, size), duration_s, n, rate)
 
 
-def mean_lengths(wl: Workload) -> tuple[float, float]:
-    """Mean prompt and output tokens of the workload's length mix."""
-    if wl.arrival == "trace":
-        assert wl.trace is not None
-        df = load_trace(wl.trace, wl.trace_format)
-        return float(df.prompt_tokens.mean()), float(df.output_tokens.mean())
-    return sampler(wl.prompt_tokens, "prompt_tokens").mean(), sampler(wl.output_tokens, "output_tokens").mean()
-
-
 def generate(wl: Workload, seed: int, rate_rps: float | None) -> pd.DataFrame:
     """The request table: id, arrival_s, prompt_tokens, output_tokens, cls, accept_q.
 
@@ -125,8 +112,8 @@ def generate(wl: Workload, seed: int, rate_rps: float | None) -> pd.DataFrame:
         else:
             arrival = gamma_arrivals(rs["arrivals"], rate_rps, wl.cv, wl.duration_s, n)
         m = arrival.size
-        prompt = sampler(wl.prompt_tokens, "prompt_tokens").sample(rs["prompt"], m)
-        output = sampler(wl.output_tokens, "output_tokens").sample(rs["output"], m)
+        prompt = LengthSampler(wl.prompt_tokens, "prompt_tokens").sample(rs["prompt"], m)
+        output = LengthSampler(wl.output_tokens, "output_tokens").sample(rs["output"], m)
     m = arrival.size
     if m == 0:
         raise ConfigError("workload: no request arrives within duration_s; raise duration_s or the rate")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import one_line_error
 
 from experiments.cli import main
 
@@ -36,12 +37,6 @@ def specrack(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[st
     return subprocess.run([_entry_point(), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-def _one_line_error(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("specrack: error: "), err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 # ----------------------------------------------------------------------------- cost
@@ -123,7 +118,7 @@ BAD_INPUT = [
 def test_bad_input_is_one_line_exit_2(argv: list[str], needles: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     cap = capsys.readouterr()
-    line = _one_line_error(cap.err)
+    line = one_line_error(cap.err)
     for n in needles:
         assert n in line, (n, line)
     assert cap.out == ""
@@ -137,7 +132,7 @@ def test_bad_scenario_file(text: str, tmp_path: Path, capsys: pytest.CaptureFixt
     path.write_text(text)
     for cmd in ("validate", "run", "capacity"):
         assert main([cmd, str(path)]) == 2
-        line = _one_line_error(capsys.readouterr().err)
+        line = one_line_error(capsys.readouterr().err)
         assert "bad.toml" in line
 
 
@@ -148,7 +143,7 @@ def test_bad_input_through_the_entry_point(tmp_path: Path) -> None:
                  ["run", str(EXAMPLE), "--set", "workload.nope=1"]):
         p = specrack(*args)
         assert p.returncode == 2, (args, p.stderr)
-        _one_line_error(p.stderr)
+        one_line_error(p.stderr)
         assert p.stdout == ""
 
 

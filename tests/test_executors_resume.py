@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from helpers import one_line_error
 
 import experiments.sweep as sweep_mod
 from experiments.cli import main
@@ -69,11 +70,6 @@ def point_files(out: Path) -> dict[str, tuple[int, bytes]]:
     return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted((out / "points").glob("*.json"))}
 
 
-def one_line_error(err: str) -> str:
-    lines = [ln for ln in err.strip().splitlines() if not HEADER.match(ln)]
-    assert len(lines) == 1, f"expected one error line, got:\n{err}"
-    assert lines[0].startswith("specrack: error: ") and "Traceback" not in err
-    return lines[0]
 
 
 class CountingSimulate:
@@ -175,7 +171,7 @@ def test_cli_dask_without_scheduler_exits_2_with_one_line(small: dict[str, Any],
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "no-sched"
     assert main(["sweep", str(small["path"]), "--out", str(out), "--executor", "dask"]) == 2
-    line = one_line_error(capsys.readouterr().err)
+    line = one_line_error(capsys.readouterr().err, HEADER)
     assert "--scheduler" in line and "dask-local" in line
     assert not (out / "points").exists() or not any((out / "points").iterdir())
 
@@ -189,7 +185,7 @@ def test_cli_dask_unreachable_scheduler_exits_2_with_one_line(small: dict[str, A
                "--scheduler-timeout", "3"])
     elapsed = time.perf_counter() - t0
     assert rc == 2
-    line = one_line_error(capsys.readouterr().err)
+    line = one_line_error(capsys.readouterr().err, HEADER)
     assert "tcp://127.0.0.1:1" in line and "cannot connect" in line
     assert elapsed < 20
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import one_line_error
 
 from experiments.cli import main
 from experiments.plan import (
@@ -359,12 +360,6 @@ def _bad(tmp: Path, text: str) -> Path:
     return p
 
 
-def _one_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("specrack: error: "), err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 def _replace(old: str, new: str) -> Callable[[], str]:
@@ -403,7 +398,7 @@ def test_bad_plan_files_give_one_line_errors(tmp_path: Path, capsys: pytest.Capt
     capsys.readouterr()
     assert main(["plan", str(p), "--out", str(tmp_path / "out"), "--quick", "--jobs", "1"]) == 2
     cap = capsys.readouterr()
-    assert _one_line(cap.err) == f"specrack: error: {msg}"
+    assert one_line_error(cap.err) == f"specrack: error: {msg}"
     assert not (tmp_path / "out" / "plan.csv").exists()
 
 
@@ -415,7 +410,7 @@ def test_a_bad_plan_through_the_entry_point(tmp_path: Path) -> None:
     r = subprocess.run([str(exe), "plan", str(p), "--out", str(tmp_path / "out"), "--quick"],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2
-    assert "slo.ttft_p99_s" in _one_line(r.stderr)
+    assert "slo.ttft_p99_s" in one_line_error(r.stderr)
 
 
 BUG_NON_NUMERIC = ("load_plan converts search.max_gpus / search.duration_s / quality.floor_tail with bare "

@@ -1,0 +1,15 @@
+"""Helpers shared by the test files (importable: pytest puts this folder on sys.path)."""
+
+from __future__ import annotations
+
+import re
+
+
+def one_line_error(err: str, ignore: re.Pattern[str] | None = None) -> str:
+    """The CLI's stderr holds exactly one `specrack: error: ...` line and no traceback (lines
+    matching `ignore`, e.g. a progress header printed before the error, are skipped)."""
+    lines = [ln for ln in err.strip().splitlines() if not (ignore and ignore.match(ln))]
+    assert len(lines) == 1, f"expected one error line, got:\n{err}"
+    assert lines[0].startswith("specrack: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
