@@ -259,7 +259,8 @@ class Replica:
             preempted = False
             while True:
                 # tokens this step can write: k+1, but never past the request's remaining output
-                grow = np.minimum(q, self.out[:n] - self.gen[:n])
+                # (a running sequence always has at least one token left, so 1 needs no check)
+                grow = 1 if q == 1 else np.minimum(q, self.out[:n] - self.gen[:n])
                 need = np.where(dec, -(-(self.computed[:n] + grow) // BLOCK_SIZE) - self.blocks[:n], 0)
                 need_total = int(need.sum())
                 if need_total <= self.free_blocks:
@@ -324,19 +325,19 @@ class Replica:
             # 3a. decode / verification results
             emitted_total = 0
             if n_dec:
-                left = self.out[ds] - self.gen[ds]
                 if spec is not None and k > 0:
                     acc = sample_accepted(self.rng, self.acc[ds], k, spec.decay)
-                    emit = np.minimum(acc + 1, left)
+                    emit = np.minimum(acc + 1, self.out[ds] - self.gen[ds])
                     self.n_prop[ds] += k
                     self.n_acc[ds] += acc  # drafted tokens the target agreed with (vLLM's count)
                     self.n_verify[ds] += 1
                     self.n_vemit[ds] += emit
+                    emitted_total += int(emit.sum())
                 else:
-                    emit = np.minimum(1, left)
+                    emit = 1  # one token each: a running sequence always has one left
+                    emitted_total += n_dec
                 self.gen[ds] += emit
                 self.computed[ds] += emit
-                emitted_total += int(emit.sum())
                 # release blocks reserved for rejected draft tokens
                 if k > 0:
                     keep = -(-self.computed[ds] // BLOCK_SIZE)
