@@ -118,7 +118,7 @@ def write_plan_report(spec: Any, tables: dict[str, pd.DataFrame], out: str | Pat
 table.plan{{border-collapse:collapse}} table.plan td,table.plan th{{padding:4px 8px;border-bottom:1px solid #ddd;text-align:right}}</style>
 </head><body>
 <h1>specrack plan: {html.escape(spec.name)}</h1>
-<p>Traffic {spec.rate_rps:.2f} requests/s; SLO p99 TTFT {spec.base.slo.ttft_p99_s} s, p99 ITL (TPOT) {spec.base.slo.itl_p99_s * 1e3:.0f} ms;
+<p>Traffic {spec.rate_rps:.2f} requests/s; SLO {html.escape(spec.base.slo.describe())};
 racks searched with the simulator up to {spec.max_gpus} GPUs; seeds {list(spec.seeds)}; {spec.base.workload.duration_s:.0f} s per run.</p>
 <p id="verdict">{verdict}</p>
 <h2>Ranked options</h2>{_table_html(plan)}

@@ -110,7 +110,11 @@ def flatten(summary: dict[str, Any]) -> dict[str, Any]:
             continue
         if isinstance(v, dict):
             for kk, vv in v.items():
-                row[f"{k}_{kk}"] = vv
+                if isinstance(vv, dict):  # SLO checks: slo_ttft_p99_s_value, ..._target, ..._met
+                    for kkk, vvv in vv.items():
+                        row[f"{k}_{kk}_{kkk}"] = vvv
+                else:
+                    row[f"{k}_{kk}"] = vv
         else:
             row[k] = v
     return row

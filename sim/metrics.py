@@ -11,7 +11,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-PERCENTILES = (50, 90, 99)
+PERCENTILES = (50, 90, 95, 99)
+# stability verdict (docs/METRICS.md, 'Stability'): too few measured requests to judge below this
+MIN_JUDGED_REQUESTS = 100
+TREND_BATCHES = 10  # batch means over the window for the trend tests
+TREND_T = 4.0  # t statistic of the slope a trend must exceed
+TREND_REL = 0.5  # ... and growth over the window as a share of the first half's mean
 
 
 def dist(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float]:
@@ -57,9 +62,100 @@ def queue_growth_rps(steps: pd.DataFrame) -> float:
     return total
 
 
+def in_system(req: pd.DataFrame, times: np.ndarray) -> np.ndarray:
+    """Requests in the system (arrived, not completed: waiting or running) at each time."""
+    arr = np.sort(req.arrival_s.to_numpy(np.float64))
+    comp = np.sort(req.completion_s.to_numpy(np.float64))  # NaN (never completed) sorts last
+    comp = comp[np.isfinite(comp)]
+    return np.searchsorted(arr, times, "right") - np.searchsorted(comp, times, "right")
+
+
+def trend(batch_means: np.ndarray) -> tuple[float, float, float]:
+    """(growth, t, first-half mean) of a series of batch means: least-squares slope times the
+    span, its t statistic (slope over its standard error), and the mean of the first half."""
+    y = np.asarray(batch_means, dtype=np.float64)
+    b = y.size
+    first = float(y[: b // 2].mean()) if b >= 2 else float("nan")
+    if b < 3:
+        return 0.0, 0.0, first
+    x = np.arange(b, dtype=np.float64)
+    dx = x - x.mean()
+    sxx = float((dx * dx).sum())
+    slope = float((dx * (y - y.mean())).sum() / sxx)
+    resid = y - y.mean() - slope * dx
+    se = float(np.sqrt((resid * resid).sum() / (b - 2) / sxx))
+    t = slope / se if se > 0 else (np.inf if slope > 0 else 0.0)
+    return slope * (b - 1), float(t), first
+
+
+def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bool) -> dict[str, Any]:
+    """The stability verdict of a run: 'stable', 'overloaded' or 'insufficient' (docs/METRICS.md).
+
+    Overloaded: stopped early on the backlog limit, requests left unfinished at the horizon, or a
+    significant upward trend over the window in requests in system (waiting + running, from the
+    request table) or in TTFT (by arrival time). A trend is significant when the least-squares
+    slope over TREND_BATCHES batch means has t > TREND_T and grows by more than TREND_REL of the
+    first half's mean (plus a small absolute floor); neither bound grows with the window.
+    Insufficient: fewer than MIN_JUDGED_REQUESTS requests measured."""
+    window = end_s - warmup_s
+    done = req.completion_s.notna()
+    meas = (req.arrival_s >= warmup_s) & (req.arrival_s < end_s)
+    n_meas = int((meas & done).sum())
+    out: dict[str, Any] = {"backlog": int((~done).sum()), "judged_requests": n_meas}
+    growth_l = t_l = mean_l = growth_t = t_t = mean_t = float("nan")
+    over_l = over_t = False
+    if window > 0:
+        times = warmup_s + (np.arange(TREND_BATCHES * 40) + 0.5) * window / (TREND_BATCHES * 40)
+        l_means = in_system(req, times).reshape(TREND_BATCHES, 40).mean(axis=1)
+        growth_l, t_l, mean_l = trend(l_means)
+        over_l = bool(t_l > TREND_T and growth_l > max(TREND_REL * mean_l, 2.0))
+        m = req[meas & done]
+        if len(m) >= 2 * TREND_BATCHES:
+            ttft = (m.first_token_s - m.arrival_s).to_numpy(np.float64)
+            which = np.minimum(((m.arrival_s.to_numpy() - warmup_s) / window * TREND_BATCHES).astype(np.int64),
+                               TREND_BATCHES - 1)
+            counts = np.bincount(which, minlength=TREND_BATCHES)
+            if (counts > 0).all():
+                t_means = np.bincount(which, weights=ttft, minlength=TREND_BATCHES) / counts
+                growth_t, t_t, mean_t = trend(t_means)
+                over_t = bool(t_t > TREND_T and growth_t > max(TREND_REL * mean_t, 0.05))
+    out.update(in_system_mean=float(mean_l), in_system_growth=float(growth_l), in_system_trend_t=float(t_l),
+               ttft_growth_s=float(growth_t), ttft_trend_t=float(t_t))
+    reasons = []
+    if truncated:
+        reasons.append("stopped at the backlog limit")
+    if out["backlog"]:
+        reasons.append(f"{out['backlog']} requests unfinished at the horizon")
+    if over_l:
+        reasons.append(f"requests in system grew by {growth_l:.0f} over the window (mean {mean_l:.0f} in its first half)")
+    if over_t:
+        reasons.append(f"TTFT grew by {growth_t:.2f} s over the window (mean {mean_t:.2f} s in its first half)")
+    if reasons:
+        verdict = "overloaded"
+    elif n_meas < MIN_JUDGED_REQUESTS:
+        verdict = "insufficient"
+        reasons.append(f"only {n_meas} requests measured (at least {MIN_JUDGED_REQUESTS} needed to judge)")
+    else:
+        verdict = "stable"
+    out["verdict"] = verdict
+    out["verdict_reason"] = "; ".join(reasons)
+    out["stable"] = verdict == "stable"
+    return out
+
+
+def slo_checks(s: dict[str, Any], targets: dict[str, float]) -> dict[str, dict[str, float | bool]]:
+    """Each SLO target (`ttft_p99_s`: 2.0, ...) against the run's figure: target, value, met."""
+    out: dict[str, dict[str, float | bool]] = {}
+    for key, target in targets.items():
+        metric, pct, _ = key.split("_")
+        value = float(s[f"{metric}_s"][pct])
+        out[key] = {"target": float(target), "value": value, "met": bool(value <= target)}  # NaN never meets
+    return out
+
+
 def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s: float, replicas: int,
-              gpus_per_replica: int, peak_flops: float, mem_bw: float, slo_ttft_s: float, slo_itl_s: float,
-              truncated: bool, horizon_s: float, max_num_seqs: int = 256) -> dict[str, Any]:
+              gpus_per_replica: int, peak_flops: float, mem_bw: float, slo: dict[str, float],
+              truncated: bool, horizon_s: float) -> dict[str, Any]:
     """The summary of one run (see docs/METRICS.md for every formula)."""
     window = max(end_s - warmup_s, 1e-9)
     lat = request_latencies(req)
@@ -82,7 +178,14 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     s["offered_rps"] = offered / window
     s["throughput_rps"] = completed_in_window / window
     s["throughput_tok_s"] = float(st.emitted_tokens.sum()) / window
-    good = (m.ttft_s <= slo_ttft_s) & ((m.tpot_s <= slo_itl_s) | m.tpot_s.isna())
+    # goodput as vLLM's benchmark defines it: requests meeting every per-request target (TTFT, TPOT,
+    # E2E; the loosest percentile's value when several are set); ITL is a per-chunk figure
+    good = pd.Series(True, index=m.index)
+    for metric in ("ttft", "tpot", "e2e"):
+        bounds = [v for k, v in slo.items() if k.startswith(metric + "_")]
+        if bounds:
+            col = m[f"{metric}_s"]
+            good &= (col <= max(bounds)) | col.isna()
     s["goodput_rps"] = float(good.sum()) / window
     s["slo_attainment"] = float(good.mean()) if len(m) else float("nan")
     s["gpu_busy_fraction"] = float(st.duration_s.sum()) / (window * replicas)
@@ -101,15 +204,10 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     busy = float(st.duration_s.sum())
     s["draft_share"] = float(st.draft_s.sum()) / busy if busy else 0.0
     s["spec_overhead_share"] = float(st.spec_overhead_s.sum()) / busy if busy else 0.0
-    # stability: no early stop, everything offered finished before the horizon, and the waiting
-    # queue did not grow over the window (least-squares slope per replica, summed) by more than a
-    # quarter of the rack's batch slots or 5% of the offered requests
-    unfinished = int((~done).sum())
-    growth = queue_growth_rps(st)
-    s["backlog"] = unfinished
-    s["queue_growth_rps"] = growth
-    limit = max(0.25 * replicas * max_num_seqs, 0.05 * offered)
-    s["stable"] = bool(not truncated and unfinished == 0 and growth * window <= limit)
+    s["queue_growth_rps"] = queue_growth_rps(st)
+    s.update(stability(req, warmup_s=warmup_s, end_s=end_s, truncated=truncated))
     s["truncated"] = bool(truncated)
     s["horizon_s"] = float(horizon_s)
+    s["slo"] = slo_checks(s, slo)
+    s["slo_met"] = bool(s["stable"] and all(c["met"] for c in s["slo"].values()))
     return s

@@ -211,9 +211,70 @@ class Workload(_Strict):
         return self
 
 
+# SLO targets, named like vLLM's goodput: a latency metric, a percentile, seconds
+SLO_METRICS = ("ttft", "tpot", "itl", "e2e")
+SLO_PERCENTILES = ("p50", "p90", "p95", "p99")
+SLO_KEYS = tuple(f"{m}_{p}_s" for m in SLO_METRICS for p in SLO_PERCENTILES)
+# without an [slo] table: MLPerf Inference's server constraints for Llama-2-70B (TTFT 2 s, TPOT 200 ms)
+DEFAULT_SLO = {"ttft_p99_s": 2.0, "tpot_p99_s": 0.2}
+
+
 class SLO(_Strict):
-    ttft_p99_s: Annotated[float, Field(gt=0)] = 2.0
-    itl_p99_s: Annotated[float, Field(gt=0)] = 0.2
+    """Latency targets, each `<metric>_<percentile>_s` (metric: ttft, tpot, itl, e2e; percentile:
+    p50, p90, p95, p99). ITL is the gap between streamed chunks, TPOT the per-request mean time per
+    output token (docs/METRICS.md). A scenario without an [slo] table gets DEFAULT_SLO; a table
+    that is given holds exactly its own targets."""
+
+    ttft_p50_s: Annotated[float, Field(gt=0)] | None = None
+    ttft_p90_s: Annotated[float, Field(gt=0)] | None = None
+    ttft_p95_s: Annotated[float, Field(gt=0)] | None = None
+    ttft_p99_s: Annotated[float, Field(gt=0)] | None = None
+    tpot_p50_s: Annotated[float, Field(gt=0)] | None = None
+    tpot_p90_s: Annotated[float, Field(gt=0)] | None = None
+    tpot_p95_s: Annotated[float, Field(gt=0)] | None = None
+    tpot_p99_s: Annotated[float, Field(gt=0)] | None = None
+    itl_p50_s: Annotated[float, Field(gt=0)] | None = None
+    itl_p90_s: Annotated[float, Field(gt=0)] | None = None
+    itl_p95_s: Annotated[float, Field(gt=0)] | None = None
+    itl_p99_s: Annotated[float, Field(gt=0)] | None = None
+    e2e_p50_s: Annotated[float, Field(gt=0)] | None = None
+    e2e_p90_s: Annotated[float, Field(gt=0)] | None = None
+    e2e_p95_s: Annotated[float, Field(gt=0)] | None = None
+    e2e_p99_s: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _names(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise ValueError(f"must be a table of targets such as ttft_p99_s = 2.0, got {data!r}")
+        for key in data:
+            if key not in SLO_KEYS:
+                raise ValueError(slo_key_hint(str(key)))
+        return data
+
+    def targets(self) -> dict[str, float]:
+        """The targets that are set, by name (`ttft_p99_s`: 2.0, ...), in SLO_KEYS order."""
+        got = {k: getattr(self, k) for k in SLO_KEYS if getattr(self, k) is not None}
+        return got
+
+    def describe(self) -> str:
+        """`p99 TTFT <= 2 s, p99 TPOT <= 200 ms` (empty SLO: 'no latency targets')."""
+        parts = []
+        for k, v in self.targets().items():
+            metric, pct, _ = k.split("_")
+            val = f"{v:g} s" if v >= 1 else f"{v * 1e3:g} ms"
+            parts.append(f"{pct} {metric.upper()} <= {val}")
+        return ", ".join(parts) or "no latency targets"
+
+
+def slo_key_hint(key: str) -> str:
+    """The one-line message for an unknown SLO key, with the nearest valid name."""
+    import difflib
+
+    near = difflib.get_close_matches(key, SLO_KEYS, n=1, cutoff=0.5)
+    hint = f"; did you mean '{near[0]}'?" if near else ""
+    return (f"unknown SLO target '{key}'{hint} (targets are <metric>_<percentile>_s with metric ttft, tpot, itl "
+            f"or e2e and percentile p50, p90, p95 or p99, e.g. ttft_p99_s = 2.0)")
 
 
 class SimSettings(_Strict):
@@ -228,7 +289,7 @@ class Scenario(_Strict):
     deployment: Deployment = Deployment()
     speculative: Speculative | None = None
     workload: Workload = Workload(utilisation=0.5)
-    slo: SLO = SLO()
+    slo: SLO = SLO(**DEFAULT_SLO)
     sim: SimSettings = SimSettings()
 
     @model_validator(mode="after")
