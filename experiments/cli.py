@@ -81,20 +81,24 @@ def _validate(a: argparse.Namespace) -> int:
 
 
 def _capacity(a: argparse.Namespace) -> int:
-    from sim.simulate import capacity
+    from sim.simulate import capacity_summary
 
     sc = _load(a)
-    c = capacity(sc)
-    out = {"scenario": sc.name, "capacity_rps": c.rps, "capacity_tok_s": c.tok_s}
-    if sc.speculative is not None:
-        cs = capacity(sc, speculative=True)
-        out.update(speculative_capacity_rps=cs.rps, speculative_capacity_tok_s=cs.tok_s)
+    out = {"scenario": sc.name, **capacity_summary(sc)}
     if a.json:
         print(json.dumps(out, indent=2))
-    else:
-        print(f"{sc.name}: capacity {c.rps:.3f} req/s, {c.tok_s:.0f} output tok/s (speculation off)")
-        if "speculative_capacity_rps" in out:
-            print(f"  with speculation: {out['speculative_capacity_rps']:.3f} req/s, {out['speculative_capacity_tok_s']:.0f} tok/s")
+        return 0
+    print(f"{sc.name}: capacity {out['capacity_rps']:.3f} req/s, {out['capacity_tok_s']:.0f} output tok/s "
+          f"(speculation off; the reference for utilisation)")
+    if "speculative_capacity_rps" in out:
+        print(f"  with speculation: peak sustainable {out['speculative_capacity_rps']:.3f} req/s "
+              f"({out['speculative_capacity_tok_s']:.0f} tok/s; closed-loop peak {out['speculative_peak_rps']:.3f} req/s "
+              f"at {out['speculative_peak_concurrency']} requests in system); at full batch "
+              f"{out['speculative_full_batch_rps']:.3f} req/s")
+        if out["speculative_collapse"]:
+            print(f"  COLLAPSE: throughput falls {1 - out['speculative_full_batch_rps'] / out['speculative_peak_rps']:.0%} "
+                  f"from the peak to the full batch; offered load between {out['speculative_full_batch_rps']:.2f} and "
+                  f"{out['speculative_peak_rps']:.2f} req/s is metastable (a burst tips it into overload)")
     return 0
 
 
@@ -102,7 +106,7 @@ def _run(a: argparse.Namespace) -> int:
     from sim.simulate import simulate
 
     sc = _load(a)
-    res = simulate(sc, a.seed, progress=True)
+    res = simulate(sc, a.seed, progress=True, with_capacity=True)
     out = res.write(a.out)
     s = res.summary
     print(f"{sc.name} seed {res.seed}: {s['completed_requests']}/{s['offered_requests']} requests, "

@@ -14,6 +14,7 @@ import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from experiments.analysis import HEADLINE, SPEEDUP_METRICS, crossovers
+from sim.capacity import SUSTAIN_CHECK_S
 
 PALETTE = ("#1f77b4", "#d62728", "#ff7f0e", "#9467bd", "#2ca02c", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
 
@@ -94,6 +95,32 @@ def latency_chart(df: pd.DataFrame, slo: dict[str, float] | None = None) -> go.F
     fig.update_yaxes(title_text="milliseconds", rangemode="tozero", row=1, col=2)
     fig.update_yaxes(title_text="milliseconds", rangemode="tozero", row=1, col=3)
     fig.update_layout(template="plotly_white", height=460, title="Latency vs load (mean over seeds)")
+    return fig
+
+
+def capacity_chart(capacities: dict[str, dict[str, Any]]) -> go.Figure:
+    """Throughput vs requests in the system (closed-loop curves), per variant: where speculation
+    stops paying the curve bends over (the peak) and falls towards the full batch (the collapse)."""
+    names = list(capacities)
+    col = _colour(names)
+    fig = go.Figure()
+    for v in names:
+        c = capacities[v]
+        curve = c.get("curve") or []
+        if not curve:
+            continue
+        x = [r[0] for r in curve]
+        y = [r[1] for r in curve]
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=v, line={"color": col[v]},
+                                 hovertemplate=f"{v}<br>%{{x:.0f}} requests in system<br>%{{y:.2f}} req/s<extra></extra>"))
+        if c.get("collapse"):
+            fig.add_trace(go.Scatter(x=[c["peak_concurrency"]], y=[c["peak_rps"]], mode="markers+text",
+                                     text=[f"peak {c['peak_rps']:.1f}; full batch {c['full_batch_rps']:.1f}"],
+                                     textposition="top center", marker={"symbol": "star", "size": 13, "color": col[v]},
+                                     showlegend=False, hoverinfo="skip"))
+    fig.update_layout(template="plotly_white", height=460, xaxis_title="requests in the system (closed-loop clients)",
+                      yaxis_title="throughput (requests/s)",
+                      title="Throughput vs load: the peak, and the collapse where speculation fills the batch")
     return fig
 
 
@@ -193,12 +220,27 @@ def summary_text(df: pd.DataFrame, sp: pd.DataFrame, capacities: dict[str, dict[
     if capacities:
         ref = next(iter(capacities.values())).get("reference_capacity_rps", float("nan"))
         own = ", ".join(f"{k} {c['capacity_rps']:.2f}" for k, c in capacities.items())
-        lines.append(f"Capacity (req/s at saturation): reference deployment {ref:.2f}; each variant's own: {own}. "
-                     "Utilisation is offered load over the reference capacity, so every variant sees the same traffic.")
-    unstable = df[~df.stable.astype(bool)] if "stable" in df else df.iloc[0:0]
-    if len(unstable):
-        pts = unstable.groupby("variant").utilisation.min()
-        lines.append("Overloaded (unstable) from: " + ", ".join(f"{v} at u={u:.2f}" for v, u in pts.items()) + ".")
+        lines.append(f"Capacity (peak sustainable req/s, measured by closed-loop simulation): reference deployment "
+                     f"{ref:.2f}; each variant's own: {own}. Utilisation is offered load over the reference capacity, "
+                     "so every variant sees the same traffic.")
+        for k, c in capacities.items():
+            if c.get("collapse"):
+                lines.append(
+                    f"Collapse: {k} peaks at {c['peak_rps']:.2f} req/s with {c['peak_concurrency']} requests in the "
+                    f"system, and falls to {c['full_batch_rps']:.2f} req/s "
+                    f"({1 - c['full_batch_rps'] / c['peak_rps']:.0%} less) once every batch slot is full: verifying k+1 "
+                    f"tokens per sequence turns large batches compute-bound. Offered load between the two is "
+                    f"metastable (a burst tips it into overload); its capacity is the highest rate a "
+                    f"{SUSTAIN_CHECK_S:.0f} s open-loop run sustained, {c['capacity_rps']:.2f} req/s.")
+    if "verdict" in df:
+        over = df[df.verdict == "overloaded"]
+        if len(over):
+            pts = over.groupby("variant").utilisation.min()
+            lines.append("Overloaded (requests in system or TTFT growing over the run) from: "
+                         + ", ".join(f"{v} at u={u:.2f}" for v, u in pts.items()) + ".")
+        few = df[df.verdict == "insufficient"]
+        if len(few):
+            lines.append(f"{len(few)} run(s) measured too few requests to judge stability (verdict 'insufficient').")
     return lines
 
 
@@ -215,6 +257,8 @@ def write_report(df: pd.DataFrame, sp: pd.DataFrame, out: str | Path, *, spec: A
         ("quality", quality_cost_chart(df)),
         ("utilisation", utilisation_chart(df)),
     ]
+    if capacities and any(c.get("curve") for c in capacities.values()):
+        figs.append(("capacity", capacity_chart(capacities)))
     parts = []
     for i, (name, fig) in enumerate(figs):
         parts.append(f'<section id="{name}">' + pio.to_html(fig, include_plotlyjs=(i == 0), full_html=False,

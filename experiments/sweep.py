@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from models.errors import ConfigError
+from sim.capacity import Capacity, baseline_of
 from sim.scenario import Scenario, load_scenario, read_toml
 from sim.simulate import capacity, simulate
 
@@ -138,17 +139,32 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def plan_points(spec: SweepSpec) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
-    """All (variant, utilisation, seed) tasks, and each variant's own capacity."""
+def _own_capacity(sc: Scenario) -> Capacity:
+    return capacity(sc, speculative=True)
+
+
+def plan_points(spec: SweepSpec, jobs: int | None = 1) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """All (variant, utilisation, seed) tasks, and each variant's own capacity (measured in
+    parallel processes when `jobs` allows): peak sustainable rate, full-batch throughput, peak
+    and the closed-loop curve behind them."""
     by_name = {v.name: v for v in spec.variants}
     ref_sc = spec.base.with_overrides(by_name[spec.reference].overrides)
-    ref_cap = capacity(ref_sc)
-    caps: dict[str, dict[str, float]] = {}
+    scs = [spec.base.with_overrides(v.overrides) for v in spec.variants]
+    todo = [baseline_of(ref_sc), *scs]
+    workers = min(jobs or os.cpu_count() or 1, len(todo))
+    if workers > 1:
+        with cf.ProcessPoolExecutor(max_workers=workers) as ex:
+            measured = list(ex.map(_own_capacity, todo))
+    else:
+        measured = [_own_capacity(sc) for sc in todo]
+    ref_cap = measured[0]
+    caps: dict[str, dict[str, Any]] = {}
     tasks = []
-    for v in spec.variants:
-        sc_v = spec.base.with_overrides(v.overrides)
-        own = capacity(sc_v, speculative=True)
-        caps[v.name] = {"capacity_rps": own.rps, "capacity_tok_s": own.tok_s, "reference_capacity_rps": ref_cap.rps}
+    for v, sc_v, own in zip(spec.variants, scs, measured[1:], strict=True):
+        caps[v.name] = {"capacity_rps": own.rps, "capacity_tok_s": own.tok_s, "reference_capacity_rps": ref_cap.rps,
+                        "full_batch_rps": own.full_batch_rps, "peak_rps": own.peak_rps,
+                        "peak_concurrency": own.peak_concurrency, "collapse": own.collapse,
+                        "curve": [list(r) for r in own.curve]}
         for u in spec.utilisation:
             sc = sc_v.with_overrides({"workload.rate_rps": u * ref_cap.rps})
             tasks.extend({"variant": v.name, "utilisation": u, "seed": seed, "key": f"{sc.key()}-{seed}",
@@ -202,7 +218,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, exec
     out = Path(out)
     pts = out / "points"
     pts.mkdir(parents=True, exist_ok=True)
-    tasks, caps = plan_points(spec)
+    tasks, caps = plan_points(spec, jobs if isinstance(executor, str) and executor == "process" else 1)
     # rows are kept per task; the cache file is per scenario content and seed, so two variants with
     # identical scenarios share one computation and a renamed variant reuses its points
     rows: dict[int, dict[str, Any]] = {}
@@ -255,7 +271,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, exec
     df = pd.DataFrame(table)
     for name, c in caps.items():
         for col, val in c.items():
-            df.loc[df.variant == name, col] = val
+            if col != "curve":  # the closed-loop curve goes to capacity.csv, not into every row
+                df.loc[df.variant == name, col] = val
     return df, caps
 
 
@@ -317,6 +334,8 @@ def main_sweep(a: Any) -> int:
               file=sys.stderr)
         return 130
     write_tables(df, out)
+    pd.DataFrame([{"variant": v, "concurrency": r[0], "rps": r[1], "tok_s": r[2], "mean_batch": r[3]}
+                  for v, c in caps.items() for r in c.get("curve", [])]).to_csv(out / "capacity.csv", index=False)
     ok = df[df.error == ""] if "error" in df else df
     sp = speedups(ok, spec.reference)
     sp.to_csv(out / "speedups.csv", index=False)

@@ -16,7 +16,7 @@ State lives in fixed-size numpy slot arrays, so per-step work is independent of 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -71,6 +71,7 @@ class Requests:
         self.verify_steps = np.zeros(n, dtype=np.int64)
         self.verify_emitted = np.zeros(n, dtype=np.int64)
         self.n_done = 0  # requests completed so far
+        self.on_complete: Callable[[int], None] | None = None  # closed loop: told how many just completed
 
 
 class Replica:
@@ -362,6 +363,8 @@ class Replica:
                 reqs.n_done += int(f.size)
                 self.free_blocks += int(self.blocks[f].sum())
                 self._compact(~fin)
+                if reqs.on_complete is not None:
+                    reqs.on_complete(int(f.size))
             used_blocks = self.rt.plan.num_blocks - self.free_blocks
             self.log.append((self.idx, start, total_s, n_dec + n_pre, n_dec, pre_tokens, n_dec * q, emitted_total, k,
                              used_blocks, len(self.waiting), flops, nbytes, target_s, draft_s, over_s))

@@ -23,6 +23,7 @@ from simpy.events import URGENT
 
 from models.catalog import peak_flops
 from models.speculative import acceptance_at_quantile
+from sim.capacity import Capacity, baseline_of  # noqa: F401  (re-exported)
 from sim.deployment import ReplicaRuntime, build_runtime
 from sim.engine import STEP_COLUMNS, Replica, Requests, StepLog
 from sim.metrics import summarise
@@ -81,22 +82,71 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
             env.schedule(ev, URGENT, t - env.now)
             yield ev
         while i < n and times[i] <= env.now:
-            if router == "round_robin":
-                target = replicas[rr % len(replicas)]
-                rr += 1
-            else:
-                target = min(replicas, key=Replica.outstanding)
-            target.submit(i)
+            _route(replicas, router, rr).submit(i)
+            rr += 1
             i += 1
         if sum(len(r.waiting) for r in replicas) > backlog_limit and not stop.triggered:
             stop.succeed("backlog")
             return
 
 
+def _route(replicas: list[Replica], router: str, rr: int) -> Replica:
+    if router == "round_robin":
+        return replicas[rr % len(replicas)]
+    return min(replicas, key=Replica.outstanding)
+
+
+class ClosedLoop:
+    """Closed-loop clients (as `vllm bench serve --max-concurrency N`): `concurrency` clients each
+    send the table's next request when their previous one completes (after an optional think
+    time), so the number of requests in the system stays at `concurrency`. Arrival times are
+    written into the request table as requests are sent."""
+
+    def __init__(self, env: simpy.Environment, reqs: Requests, replicas: list[Replica], router: str,
+                 concurrency: int, think_s: np.ndarray | None = None) -> None:
+        self.env, self.reqs, self.replicas, self.router = env, reqs, replicas, router
+        self.think_s = think_s
+        self.next = 0
+        self.rr = 0
+        reqs.on_complete = self._completed
+        env.process(self._start(concurrency))
+
+    def _send(self) -> None:
+        if self.next >= self.reqs.arrival.size:
+            return
+        i = self.next
+        self.next += 1
+        self.reqs.arrival[i] = self.env.now
+        _route(self.replicas, self.router, self.rr).submit(i)
+        self.rr += 1
+
+    def _start(self, concurrency: int) -> Generator[simpy.Event, Any, None]:
+        yield self.env.timeout(0)
+        for _ in range(concurrency):
+            self._send()
+
+    def _after(self, delay: float) -> Generator[simpy.Event, Any, None]:
+        yield self.env.timeout(delay)
+        self._send()
+
+    def _completed(self, count: int) -> None:
+        for _ in range(count):
+            if self.think_s is None:
+                self._send()
+            else:
+                delay = float(self.think_s[self.next]) if self.next < self.think_s.size else 0.0
+                self.env.process(self._after(delay))
+
+
 def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, *,
               horizon_s: float | None = None, backlog_limit: int | None = None,
-              progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, bool, float]:
-    """Run the engine over a request table. Returns (requests, steps, truncated, horizon)."""
+              progress: bool = False, concurrency: int | None = None,
+              think_s: np.ndarray | None = None) -> tuple[pd.DataFrame, pd.DataFrame, bool, float]:
+    """Run the engine over a request table. Returns (requests, steps, truncated, horizon).
+
+    Open loop (default): requests arrive at the table's `arrival_s`. Closed loop (`concurrency`
+    given): the table's arrival times are ignored; `concurrency` clients send its requests in
+    order, each after its previous one completed (plus `think_s[i]` before request i if given)."""
     wl = sc.workload
     method = sc.speculative.method if sc.speculative else "draft_model"
     means = np.array([c.acceptance_for(method) if sc.speculative else 0.0 for c in wl.classes])
@@ -117,11 +167,17 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     limit = backlog_limit if backlog_limit is not None else 20 * rt.max_num_seqs
     limit *= rt.num_replicas
     replicas: list[Replica] = []
-    env.process(_arrivals(env, arrival, replicas, sc.deployment.router, stop, limit))
+    if concurrency is None:
+        env.process(_arrivals(env, arrival, replicas, sc.deployment.router, stop, limit))
+    else:
+        arrival = reqs.arrival = np.full(arrival.size, np.nan)
+        ClosedLoop(env, reqs, replicas, sc.deployment.router, concurrency, think_s)
     replicas.extend(Replica(env, i, rt, reqs, rngs[i], log) for i in range(rt.num_replicas))
-    last = float(arrival[-1]) if arrival.size else 0.0
+    last = float(arrival[-1]) if arrival.size and concurrency is None else 0.0
     drain = sc.sim.drain_s if sc.sim.drain_s is not None else max(wl.duration_s, 600.0)
     horizon = horizon_s if horizon_s is not None else last + drain
+    if concurrency is not None and horizon_s is None:
+        horizon = 1e12  # a closed loop ends when its requests are done
     bar = Progress(arrival.size, sc.name) if progress else None
     done_ev = env.process(_watch_done(env, reqs, bar))
     env.run(until=simpy.AnyOf(env, [stop, env.timeout(horizon), done_ev]))
@@ -191,9 +247,10 @@ def offered_rate(sc: Scenario) -> float | None:
     return None
 
 
-def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False) -> Result:
+def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False, with_capacity: bool = False) -> Result:
     """Run one scenario with one seed. Pure: no I/O (but an optional progress bar on stderr),
-    same inputs give the same tables."""
+    same inputs give the same tables. `with_capacity` adds the deployment's capacity figures
+    (`capacity_summary`) to the summary."""
     seed = sc.seed if seed is None else int(seed)
     rt = build_runtime(sc)
     rate = offered_rate(sc)
@@ -212,6 +269,8 @@ def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False) -
     s["kv_capacity_tokens"] = rt.plan.kv_capacity_tokens
     s["kv_pool_gib"] = rt.plan.kv_pool_bytes / 2**30
     s["offered_rate_rps"] = rate if rate is not None else float("nan")
+    if with_capacity:
+        s.update(capacity_summary(sc))
     s["scenario"] = sc.model_dump(mode="json")
     s["seed"] = seed
     s["versions"] = versions()
@@ -250,53 +309,25 @@ def _economics(sc: Scenario, rt: ReplicaRuntime, req: pd.DataFrame, s: dict[str,
     return out
 
 
-@dataclass(frozen=True)
-class Capacity:
-    rps: float
-    tok_s: float
-
-
-def baseline_of(sc: Scenario) -> Scenario:
-    """The same deployment with speculation off: what `utilisation` is relative to."""
-    return sc.with_overrides({"speculative": None}) if sc.speculative else sc
+def capacity_summary(sc: Scenario) -> dict[str, Any]:
+    """Capacity figures for summary.json and `specrack capacity --json`: `capacity_rps` and
+    friends for the deployment with speculation off (the reference of `utilisation`), and with a
+    [speculative] table also `speculative_capacity_rps` (peak sustainable rate),
+    `speculative_full_batch_rps` (the collapse figure), `speculative_peak_rps`, ...; and the
+    closed-loop curve behind each."""
+    c = capacity(sc)
+    out: dict[str, Any] = c.as_dict()
+    out["capacity_curve"] = [dict(zip(("concurrency", "rps", "tok_s", "mean_batch"), r, strict=True)) for r in c.curve]
+    if sc.speculative is not None:
+        cs = capacity(sc, speculative=True)
+        out.update(cs.as_dict("speculative_"))
+        out["speculative_capacity_curve"] = [dict(zip(("concurrency", "rps", "tok_s", "mean_batch"), r, strict=True))
+                                             for r in cs.curve]
+    return out
 
 
 def capacity(sc: Scenario, *, speculative: bool = False) -> Capacity:
-    """Saturation throughput measured by the simulator (see docs/METRICS.md, 'Utilisation').
+    """See `sim.capacity.capacity` (kept here for callers of the run API)."""
+    from sim.capacity import capacity as _capacity
 
-    A backlog of requests with the scenario's length mix all arrive at t = 0; capacity is the
-    output-token rate while requests are still waiting (first 10% of that time skipped as
-    start-up), divided by the mean output length for requests/s."""
-    base = sc if speculative else baseline_of(sc)
-    wl = base.workload
-    key = json.dumps({k: base.model_dump(mode="json")[k] for k in ("rack", "deployment", "speculative")}, sort_keys=True)
-    lengths = json.dumps(wl.model_dump(mode="json", include={"prompt_tokens", "output_tokens", "arrival", "trace", "trace_format", "classes"}), sort_keys=True)
-    ck = f"{key}|{lengths}|{base.seed}"
-    if ck not in _CAPACITY_CACHE:
-        _CAPACITY_CACHE[ck] = _measure_capacity(base, base.seed)
-    return _CAPACITY_CACHE[ck]
-
-
-_CAPACITY_CACHE: dict[str, Capacity] = {}  # per process; a pure function of its key
-
-
-def _measure_capacity(sc: Scenario, seed: int) -> Capacity:
-    rt = build_runtime(sc)
-    n = max(600, 4 * rt.max_num_seqs * rt.num_replicas)
-    wl = sc.workload.model_copy(update={"num_requests": n, "arrival": "poisson" if sc.workload.arrival != "trace" else "trace",
-                                        "utilisation": None, "rate_rps": 1.0})
-    table = generate(wl, seed, 1.0 if sc.workload.arrival != "trace" else None)
-    table = table.iloc[:n].copy()
-    table["arrival_s"] = 0.0
-    _, steps, _, _ = run_table(sc, rt, table, seed, horizon_s=1e9, backlog_limit=10**9)
-    busy = steps[steps.waiting > 0]
-    if busy.empty:
-        busy = steps
-    t0 = float(busy.start_s.min())
-    t1 = float((busy.start_s + busy.duration_s).max())
-    skip = t0 + 0.1 * (t1 - t0)
-    win = busy[busy.start_s >= skip]
-    span = float((win.start_s + win.duration_s).max() - win.start_s.min())
-    tok_s = float(win.emitted_tokens.sum()) / span
-    mean_out_sample = float(table.output_tokens.mean())
-    return Capacity(rps=tok_s / mean_out_sample, tok_s=tok_s)
+    return _capacity(sc, speculative=speculative)

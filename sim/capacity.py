@@ -1,0 +1,189 @@
+"""Capacity: the maximum throughput a deployment sustains, measured by the simulator the way a
+long open-loop run would see it (docs/METRICS.md, 'Capacity').
+
+A closed loop of N clients (each sends its next request when the previous one completes) holds
+the number of requests in the system at N; its steady-state completion rate X(N) is the
+throughput the engine delivers at that load. With N above the rack's batch slots the batch is
+pinned at `max_num_seqs` and X is the **full-batch throughput**. Without speculation X rises
+with N up to the full batch (more sequences share each weight read), so the full-batch figure is
+the capacity: an open-loop run below it drains its queue, above it the queue grows.
+
+Speculating replicas can turn compute-bound as the batch grows (k+1 verified tokens per
+sequence), so X(N) peaks at a moderate batch and *falls* towards the full batch: the
+**collapse**. Offered load between the full-batch throughput and the peak then has two regimes,
+a healthy one at moderate batch and a collapsed one at full batch, and a burst tips it over. The
+capacity reported is the **peak sustainable rate**: the peak of X(N) when the fall is within
+noise; otherwise the highest rate at or below the peak at which an open-loop run of
+`SUSTAIN_CHECK_S` stays stable (checked by simulation, downwards in 3% steps to the full-batch
+throughput, which is always sustainable).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy.special import ndtri
+
+from sim.deployment import build_runtime, gpus_per_replica
+from sim.scenario import LogNormal, Scenario
+from sim.workload import Z90, LengthSampler, generate
+
+# closed-loop populations, as fractions of the rack's batch slots (replicas x max_num_seqs);
+# above 1 the batch is pinned at max_num_seqs (the full-batch throughput)
+LADDER = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0, 1.25)
+LADDER_PLAIN = (0.5, 0.75, 1.0, 1.25)  # without speculation X(N) only rises: fewer points suffice
+MEASURED_COMPLETIONS = 2500  # completions in each closed-loop measurement window
+COLLAPSE_TOL = 0.03  # a peak more than 3% above the full-batch throughput is a collapse
+SUSTAIN_CHECK_S = 1200.0  # open-loop run length that checks a rate above the full-batch throughput
+SUSTAIN_STEP = 0.03
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a deployment sustains. `rps`/`tok_s`: the capacity (peak sustainable rate);
+    `full_batch_*`: throughput with the batch pinned at max_num_seqs; `peak_*`: the highest
+    closed-loop throughput and the population (concurrency) where it occurs; `curve`: rows of
+    (concurrency, req/s, output tok/s, mean batch per replica)."""
+
+    rps: float
+    tok_s: float
+    full_batch_rps: float = float("nan")
+    full_batch_tok_s: float = float("nan")
+    peak_rps: float = float("nan")
+    peak_concurrency: int = 0
+    collapse: bool = False
+    method: str = "closed-loop"
+    curve: tuple[tuple[float, float, float, float], ...] = field(default=())
+
+    def as_dict(self, prefix: str = "") -> dict[str, object]:
+        d: dict[str, object] = {
+            f"{prefix}capacity_rps": self.rps, f"{prefix}capacity_tok_s": self.tok_s,
+            f"{prefix}full_batch_rps": self.full_batch_rps, f"{prefix}full_batch_tok_s": self.full_batch_tok_s,
+            f"{prefix}peak_rps": self.peak_rps, f"{prefix}peak_concurrency": self.peak_concurrency,
+            f"{prefix}collapse": self.collapse, f"{prefix}capacity_method": self.method,
+        }
+        return d
+
+
+def baseline_of(sc: Scenario) -> Scenario:
+    """The same deployment with speculation off: what `utilisation` is relative to."""
+    return sc.with_overrides({"speculative": None}) if sc.speculative else sc
+
+
+def closed_loop_throughput(sc: Scenario, concurrency: int, seed: int,
+                           completions: int | None = None) -> tuple[float, float, float]:
+    """(req/s, output tok/s, mean batch per replica) of `concurrency` closed-loop clients with the
+    scenario's length mix, in steady state: the window starts after the first max(2N, n/5)
+    completions (the start-up burst of N prefills has passed) and ends at the last send (after
+    it the population shrinks)."""
+    from sim.simulate import run_table
+
+    rt = build_runtime(sc)
+    if completions is None:  # small populations step many times per completion: fewer suffice there
+        completions = int(np.clip(15 * concurrency, 800, MEASURED_COMPLETIONS))
+    n = int(1.25 * (completions + 2 * concurrency))
+    wl = sc.workload.model_copy(update={"num_requests": n, "utilisation": None, "rate_rps": 1.0,
+                                        "arrival": "trace" if sc.workload.arrival == "trace" else "poisson"})
+    table = generate(wl, seed, None if sc.workload.arrival == "trace" else 1.0)
+    n = len(table)
+    req, steps, _, _ = run_table(sc, rt, table, seed, concurrency=concurrency, horizon_s=1e12, backlog_limit=10**12)
+    done = np.sort(req.completion_s.to_numpy(np.float64))
+    k0 = min(n - 2, max(2 * concurrency, n // 5))
+    t_a = float(done[k0])
+    t_b = float(np.nanmax(req.arrival_s.to_numpy(np.float64)))
+    if not t_b > t_a:
+        raise ValueError(f"closed loop of {concurrency} clients too short to measure ({n} requests)")
+    st = steps[(steps.start_s >= t_a) & (steps.start_s < t_b)]
+    tok_s = float(st.emitted_tokens.sum()) / (t_b - t_a)
+    # requests/s from the token rate and the length distribution's own mean (renewal reward): far
+    # less noisy than counting completions, whose count swings with the long outputs in the window
+    rps = tok_s / mean_output_tokens(sc, table)
+    dur = st.duration_s.to_numpy()
+    batch = float((st.batch_size.to_numpy() * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0
+    return rps, tok_s, batch
+
+
+def mean_output_tokens(sc: Scenario, table: pd.DataFrame) -> float:
+    """Mean output length of the scenario's traffic: the distribution's mean where it is known in
+    closed form (fixed, lognormal, empirical), else the table's."""
+    wl = sc.workload
+    if wl.arrival == "trace":
+        return float(table.output_tokens.mean())
+    d = wl.output_tokens
+    if isinstance(d, LogNormal):  # rounded and clipped at max as sampled: integrate numerically
+        sigma = np.log(d.p90 / d.median) / Z90
+        q = (np.arange(20000) + 0.5) / 20000
+        x = np.clip(np.rint(np.exp(np.log(d.median) + sigma * ndtri(q))), 1, d.max)
+        return float(x.mean())
+    return LengthSampler(d, "output_tokens").mean()
+
+
+def _sustains(sc: Scenario, rate: float, seed: int) -> bool:
+    """Whether an open-loop Poisson run at `rate` for SUSTAIN_CHECK_S stays stable."""
+    from sim.simulate import simulate
+
+    run = sc.with_overrides({"workload.rate_rps": rate, "workload.arrival": "poisson", "workload.num_requests": None,
+                             "workload.duration_s": SUSTAIN_CHECK_S, "workload.warmup_s": 60.0})
+    return bool(simulate(run, seed).summary["stable"])
+
+
+def one_replica(sc: Scenario) -> tuple[Scenario, int]:
+    """The scenario on a rack of one replica, and the scenario's replica count."""
+    per = gpus_per_replica(sc)
+    return sc.with_overrides({"rack.num_gpus": per}), sc.rack.num_gpus // per
+
+
+def measure_capacity(sc: Scenario, seed: int) -> Capacity:
+    """The capacity of the scenario's deployment as given (see the module docstring).
+
+    Measured on one replica and multiplied by the replica count: at saturation the router keeps
+    every replica's batch full, and below it least-outstanding routing splits the population
+    evenly (round-robin nearly so), so the rack's X(N) is R x one replica's X(N/R). The open-loop
+    check on one replica at 1/R of the rate is conservative: a router smooths the arrivals each
+    replica sees."""
+    one, reps = one_replica(sc)
+    slots = build_runtime(one).max_num_seqs
+    ladder = LADDER if sc.speculative is not None else LADDER_PLAIN
+    pops = sorted({max(1, round(f * slots)) for f in ladder})
+    curve = []
+    for n in pops:
+        rps, tok_s, batch = closed_loop_throughput(one, n, seed)
+        curve.append((float(n * reps), rps * reps, tok_s * reps, batch))
+    full = curve[-1]
+    peak = max(curve, key=lambda r: r[1])
+    collapse = peak[1] > full[1] * (1.0 + COLLAPSE_TOL)
+    cap_rps, cap_tok, method = full[1], full[2], "closed-loop full batch"
+    if peak[1] > full[1]:
+        cap_rps, cap_tok, method = peak[1], peak[2], "closed-loop peak"
+    if collapse:
+        # between the full-batch throughput and the peak the healthy regime is metastable: keep the
+        # highest rate an open-loop run sustains
+        rate = peak[1]
+        while rate > full[1] * (1.0 + SUSTAIN_STEP) and not _sustains(one, rate / reps, seed):
+            rate *= 1.0 - SUSTAIN_STEP
+        rate = max(rate, full[1])
+        cap_tok *= rate / cap_rps
+        cap_rps, method = rate, "open-loop check below the closed-loop peak"
+    return Capacity(rps=cap_rps, tok_s=cap_tok, full_batch_rps=full[1], full_batch_tok_s=full[2], peak_rps=peak[1],
+                    peak_concurrency=int(peak[0]), collapse=collapse, method=method, curve=tuple(curve))
+
+
+_CAPACITY_CACHE: dict[str, Capacity] = {}  # per process; a pure function of its key
+
+
+def capacity(sc: Scenario, *, speculative: bool = False) -> Capacity:
+    """Capacity of the scenario's deployment with speculation off (the reference that
+    `utilisation` is relative to), or as given with `speculative=True`. Cached per process by
+    what it depends on: rack, deployment, speculation, length mix and seed."""
+    base = sc if speculative else baseline_of(sc)
+    dump = base.model_dump(mode="json")
+    key = json.dumps({k: dump[k] for k in ("rack", "deployment", "speculative")}, sort_keys=True)
+    lengths = json.dumps(base.workload.model_dump(mode="json", include={"prompt_tokens", "output_tokens", "arrival", "trace",
+                                                                          "trace_format", "classes"}), sort_keys=True)
+    ck = f"{key}|{lengths}|{base.seed}"
+    if ck not in _CAPACITY_CACHE:
+        _CAPACITY_CACHE[ck] = measure_capacity(base, base.seed)
+    return _CAPACITY_CACHE[ck]
