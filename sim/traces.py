@@ -8,6 +8,7 @@ Bad input raises ConfigError with one line naming the file, the line, the field 
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import json
 import math
@@ -141,7 +142,9 @@ def _read_mooncake(path: Path, name: str) -> pd.DataFrame:
             lines.append(n)
     if not rows:
         raise ConfigError(f"{name}: trace has no requests (empty file); expected one JSON object per line")
-    table = pd.DataFrame(rows)
+    # object columns keep each value as written (a float in one row must not turn every row's
+    # integers into floats, which would blame the first line)
+    table = pd.DataFrame({key: pd.Series([r[key] for r in rows], dtype=object) for key in (*_HEADERS["mooncake"], "hash_ids")})
     at = np.array(lines, dtype=np.int64)
     bad: list[tuple[int, str]] = []
     out = pd.DataFrame({"arrival_s": _seconds(table["timestamp"], at, "timestamp", 1e-3, bad),
@@ -208,6 +211,28 @@ def scale_to_rate(df: pd.DataFrame, rate_rps: float) -> pd.DataFrame:
     out = df.copy()
     out["arrival_s"] = df["arrival_s"] * (trace_rate_rps(df) / float(rate_rps))
     return out
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes (cached by path, modification time and size); '' when unreadable."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        return ""
+    return _digest(str(p.resolve()), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(name: str, mtime_ns: int, size: int) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(name, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return ""
+    return h.hexdigest()
 
 
 def empirical_lengths(path: str | Path, column: str, fmt: str = "auto") -> np.ndarray:
