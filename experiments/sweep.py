@@ -141,6 +141,13 @@ def load_sweep(path: str | Path | None = None, quick: bool = False) -> SweepSpec
     ref = d.get("reference", names[0])
     if ref not in names:
         raise ConfigError(f"{p.name}: reference '{ref}' is not a variant (have: {', '.join(names)})")
+    load_keys = ("workload.utilisation", "workload.rate_rps")
+    for where, over in (("set", base_set), *((f"variant '{v.name}': set", v.overrides) for v in variants)):
+        wl_over = over.get("workload")
+        given = [k for k in load_keys if k in over or (isinstance(wl_over, dict) and k.split(".")[1] in wl_over)]
+        if given:
+            raise ConfigError(f"{p.name}: {where}: {given[0]} would be ignored, the sweep sets the load from its "
+                              "utilisation list (relative to the reference variant's capacity); remove it")
     for v in variants:  # validate every variant now: one-line errors before any run
         try:
             base.with_overrides(v.overrides)

@@ -160,6 +160,14 @@ def check_lengths(sc: Scenario, rt: ReplicaRuntime) -> None:
             table = load_trace(wl.trace, wl.trace_format)
         except ConfigError as err:
             raise ValueError(f"workload.trace: {err}") from None
+        if wl.rate_rps is not None:
+            from sim.traces import trace_rate_rps
+
+            try:
+                trace_rate_rps(table)
+            except ConfigError as err:
+                raise ValueError(f"workload.rate_rps: cannot rescale the trace, {err}; remove rate_rps to replay "
+                                 "its own timing") from None
         total = table.prompt_tokens + table.output_tokens
         if int(total.min()) > rt.max_model_len:
             raise ValueError(f"workload.trace: every request is longer than the deployment accepts (shortest "

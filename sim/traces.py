@@ -86,7 +86,12 @@ def _azure_seconds(values: pd.Series, lines: np.ndarray, bad: list[tuple[int, st
 
 def _read_csv(path: Path, name: str, fmt: str) -> pd.DataFrame:
     """Read an Azure or plain CSV trace, keeping each row's 1-based line number in the file."""
-    raw = path.read_text(encoding="utf-8-sig").splitlines()
+    try:
+        raw = path.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{name} line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x}); "
+                          f"a trace is a text file, expected header {','.join(_HEADERS[fmt])}") from None
     numbered = [(n, s) for n, s in enumerate(raw, start=1) if s.strip()]
     if not numbered:
         raise ConfigError(f"{name}: file is empty; expected a header {','.join(_HEADERS[fmt])} and one row per request")
@@ -120,8 +125,12 @@ def _read_mooncake(path: Path, name: str) -> pd.DataFrame:
     """Read a Mooncake JSONL trace (timestamp in ms, hash_ids = 512-token prefix-block hashes)."""
     rows: list[dict] = []
     lines: list[int] = []
-    with path.open(encoding="utf-8-sig") as fh:
-        for n, s in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for n, b in enumerate(fh, start=1):
+            try:
+                s = b.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError:
+                raise ConfigError(f"{name} line {n}: not UTF-8 text; each line must be one JSON object") from None
             if not s.strip():
                 continue
             try:

@@ -309,6 +309,10 @@ BAD_SWEEPS = [
     ('utilisation = [0.5]\nset = "x"\n', BASELINE, ["set", "table"]),
     ('utilisation = [0.5]\nreference = 3\n', BASELINE, ["reference"]),
     ('utilisation = [0.5]\n[quick]\nutilsation = [0.3]\n', BASELINE, ["quick", "utilsation"]),
+    ("", '[[variants]]\nname = "v"\nset = { "workload.utilisation" = 0.9 }\n', ["workload.utilisation", "ignored"]),
+    ('utilisation = [0.5]\nset = { workload = { rate_rps = 3.0 } }\n', BASELINE, ["workload.rate_rps", "ignored"]),
+    ("", '[[variants]]\nname = "v"\nset = { "deployment.modle" = "x" }\n', ["variant 'v'", "modle"]),
+    ("", '[[variants]]\nname = "v"\nextra = 1\n', ["extra"]),
 ]
 
 
@@ -425,3 +429,16 @@ def test_killed_sweep_leaves_no_workers(tmp_path: Path) -> None:
         for k in kids:  # only this test's own workers, should any have survived
             if _alive(k):
                 os.kill(k, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(("name", "data", "needles"), [
+    ("bad.csv", b"arrival_s,prompt_tokens,output_tokens\n0,10,5\n\xff\xfe,1,1\n", ["line 3", "UTF-8"]),
+    ("bad.jsonl", b'{"timestamp": 0, "input_length": 10, "output_length": 5}\n\xff\n', ["line 2", "UTF-8"]),
+    ("one.csv", b"arrival_s,prompt_tokens,output_tokens\n0,10,5\n", ["workload.rate_rps", "zero time"]),
+])
+def test_undecodable_or_unscalable_traces(name: str, data: bytes, needles: list[str], tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / name
+    trace.write_bytes(data)
+    _fails(["validate", str(EXAMPLE), "--set", "workload.arrival='trace'", "--set", f"workload.trace='{trace}'",
+            "--set", "workload.rate_rps=2"], capsys, *needles)
