@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from models.errors import ConfigError
@@ -71,10 +73,15 @@ def _load(a: argparse.Namespace):
 
 
 def _validate(a: argparse.Namespace) -> int:
-    from sim.deployment import build_runtime
+    from sim.deployment import build_runtime, check_fits
+    from sim.simulate import offered_rate
+    from sim.workload import generate
 
     sc = _load(a)
     rt = build_runtime(sc)
+    # the checks a run makes before its first step: the offered rate, the request table, lengths
+    table = generate(sc.workload, sc.seed, offered_rate(sc))
+    check_fits(sc, rt, table.prompt_tokens.to_numpy(), table.output_tokens.to_numpy())
     print(f"{a.scenario}: ok ({sc.name}: {rt.num_replicas} replica(s) of {sc.deployment.model} TP{sc.deployment.tensor_parallel}"
           f" on {sc.rack.gpu}, KV {rt.plan.kv_capacity_tokens} tokens per replica)")
     return 0
@@ -105,6 +112,9 @@ def _capacity(a: argparse.Namespace) -> int:
 def _run(a: argparse.Namespace) -> int:
     from sim.simulate import simulate
 
+    out_dir = Path(a.out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir}: exists and is not a folder; name a folder (it is created if missing)")
     sc = _load(a)
     res = simulate(sc, a.seed, progress=True, with_capacity=True)
     out = res.write(a.out)
@@ -203,9 +213,23 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as err:
         print(f"specrack: error: file not found: {err.filename}", file=sys.stderr)
         return 2
+    except OSError as err:  # a folder where a file is due, no permission, disk full...
+        where = f": {err.filename}" if err.filename else ""
+        print(f"specrack: error: {err.strerror or err}{where}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("specrack: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:
+        print("specrack: error: out of memory; shorten the run (duration_s, rate_rps) or the sweep", file=sys.stderr)
+        return 2
+    except Exception as err:  # last resort: never a traceback (SPECRACK_DEBUG=1 shows it)
+        if os.environ.get("SPECRACK_DEBUG"):
+            raise
+        text = (str(err).splitlines() or [""])[0]
+        print(f"specrack: internal error: {type(err).__name__}: {text} (please report it; SPECRACK_DEBUG=1 shows "
+              "the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

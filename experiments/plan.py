@@ -202,8 +202,9 @@ def _scenario(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], r
               teacher_updates: float | None = None) -> Scenario:
     """The strategy on `replicas` replicas of this GPU type, offered `rate` requests/s."""
     # any rack large enough for one replica while the strategy is applied; sized below
-    sc = base.with_overrides({**s.overrides, "rack.gpu": gpu, "rack.num_gpus": 4096})
-    over: dict[str, Any] = {"rack.num_gpus": replicas * gpus_per_replica(sc), "workload.rate_rps": rate}
+    sc = base.with_overrides({**s.overrides, "rack.gpu": gpu, "rack.num_gpus": 4096, "rack.allow_idle_gpus": True})
+    over: dict[str, Any] = {"rack.num_gpus": replicas * gpus_per_replica(sc), "workload.rate_rps": rate,
+                            "rack.allow_idle_gpus": base.rack.allow_idle_gpus}
     if gpu in prices:
         over["rack.usd_per_gpu_hour"] = prices[gpu]
     elif base.rack.usd_per_gpu_hour is not None and gpu == base.rack.gpu:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import json
+import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,6 +58,52 @@ def default_sweep_path() -> Path:
     return Path(str(resources.files("experiments") / "sweeps" / "default.toml"))
 
 
+def _numbers(p: Path, field: str, value: Any, *, integer: bool) -> tuple[Any, ...]:
+    """A non-empty list of distinct numbers (integers >= 0 for seeds, 0 < u <= 5 for utilisation)."""
+    kind = "non-negative integers, e.g. [1, 2, 3]" if integer else "numbers in (0, 5], e.g. [0.3, 0.6, 0.9]"
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{p.name}: {field} must be a non-empty list of {kind}, got {value!r}")
+    for x in value:
+        ok = not isinstance(x, bool) and (
+            (isinstance(x, int) and x >= 0) if integer else
+            (isinstance(x, int | float) and math.isfinite(x) and 0 < x <= 5))
+        if not ok:
+            raise ConfigError(f"{p.name}: {field} must be a list of {kind}; {x!r} is not")
+    dups = sorted({x for x in value if value.count(x) > 1})
+    if dups:
+        raise ConfigError(f"{p.name}: {field} lists {', '.join(map(str, dups))} more than once; duplicate points "
+                          "would count twice in every mean and confidence interval, remove them")
+    return tuple(int(x) if integer else float(x) for x in value)
+
+
+def _table(p: Path, field: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{p.name}: {field} must be a table of overrides such as "
+                          f'{{ "deployment.weights" = "fp8" }}, got {value!r}')
+    return dict(value)
+
+
+def parse_variants(p: Path, items: Any, what: str = "variants") -> list[Variant]:
+    """`[[variants]]` tables (name, set) as Variants, with one-line errors for any other shape."""
+    if not isinstance(items, list) or not items:
+        raise ConfigError(f"{p.name}: {what} must be a non-empty list of [[{what}]] tables with a name "
+                          "(and optionally set = {...}), got " + repr(items))
+    out = []
+    for i, v in enumerate(items):
+        if not isinstance(v, dict) or "name" not in v:
+            raise ConfigError(f"{p.name}: {what}[{i}] needs a name")
+        if not isinstance(v["name"], str) or not v["name"].strip():
+            raise ConfigError(f"{p.name}: {what}[{i}]: name must be a non-empty string, got {v['name']!r}")
+        extra_v = set(v) - {"name", "set"}
+        if extra_v:
+            raise ConfigError(f"{p.name}: {what}[{i}] '{v['name']}': unknown field(s) {sorted(extra_v)} (allowed: name, set)")
+        out.append(Variant(v["name"], _table(p, f"{what}[{i}] '{v['name']}': set", v.get("set", {}))))
+    names = [v.name for v in out]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{p.name}: {what} names must be distinct, got {names}")
+    return out
+
+
 def load_sweep(path: str | Path | None = None, quick: bool = False) -> SweepSpec:
     """Read a sweep file (the built-in default when None); `quick` applies its [quick] table."""
     p = Path(path) if path else default_sweep_path()
@@ -66,41 +114,47 @@ def load_sweep(path: str | Path | None = None, quick: bool = False) -> SweepSpec
     extra = set(d) - {"name", "base", "utilisation", "seeds", "variants", "reference", "quick", "set"}
     if extra:
         raise ConfigError(f"{p.name}: unknown field(s) {sorted(extra)}")
+    for field in ("name", "base", "reference"):
+        if field in d and (not isinstance(d[field], str) or not d[field].strip()):
+            raise ConfigError(f"{p.name}: {field} must be a non-empty string, got {d[field]!r}")
     utils = d["utilisation"]
     seeds = d.get("seeds", [1])
-    base_set = dict(d.get("set", {}))
+    base_set = _table(p, "set", d.get("set", {}))
     if quick and "quick" in d:
         q = d["quick"]
+        if not isinstance(q, dict):
+            raise ConfigError(f"{p.name}: quick must be a table (utilisation, seeds, set), got {q!r}")
+        extra_q = set(q) - {"utilisation", "seeds", "set"}
+        if extra_q:
+            raise ConfigError(f"{p.name}: quick: unknown field(s) {sorted(extra_q)} (allowed: utilisation, seeds, set)")
         utils = q.get("utilisation", utils)
         seeds = q.get("seeds", seeds)
-        base_set.update(q.get("set", {}))
-    if not utils or any(not isinstance(u, (int, float)) or u <= 0 for u in utils):
-        raise ConfigError(f"{p.name}: utilisation must be a list of positive numbers, got {utils!r}")
-    if not seeds or any(not isinstance(s, int) for s in seeds):
-        raise ConfigError(f"{p.name}: seeds must be a list of integers, got {seeds!r}")
+        base_set.update(_table(p, "quick.set", q.get("set", {})))
+    elif isinstance(d.get("quick"), dict) and set(d["quick"]) - {"utilisation", "seeds", "set"}:
+        raise ConfigError(f"{p.name}: quick: unknown field(s) {sorted(set(d['quick']) - {'utilisation', 'seeds', 'set'})} "
+                          "(allowed: utilisation, seeds, set)")
+    utils_t = _numbers(p, "utilisation", utils, integer=False)
+    seeds_t = _numbers(p, "seeds", seeds, integer=True)
     base_path = (p.parent / d["base"]).resolve()
     base = load_scenario(base_path, base_set or None)
-    variants = []
-    for i, v in enumerate(d["variants"]):
-        if not isinstance(v, dict) or "name" not in v:
-            raise ConfigError(f"{p.name}: variants[{i}] needs a name")
-        extra_v = set(v) - {"name", "set"}
-        if extra_v:
-            raise ConfigError(f"{p.name}: variants[{i}] '{v['name']}': unknown field(s) {sorted(extra_v)} (allowed: name, set)")
-        variants.append(Variant(v["name"], dict(v.get("set", {}))))
+    variants = parse_variants(p, d["variants"])
     names = [v.name for v in variants]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"{p.name}: variant names must be distinct, got {names}")
     ref = d.get("reference", names[0])
     if ref not in names:
         raise ConfigError(f"{p.name}: reference '{ref}' is not a variant (have: {', '.join(names)})")
+    load_keys = ("workload.utilisation", "workload.rate_rps")
+    for where, over in (("set", base_set), *((f"variant '{v.name}': set", v.overrides) for v in variants)):
+        wl_over = over.get("workload")
+        given = [k for k in load_keys if k in over or (isinstance(wl_over, dict) and k.split(".")[1] in wl_over)]
+        if given:
+            raise ConfigError(f"{p.name}: {where}: {given[0]} would be ignored, the sweep sets the load from its "
+                              "utilisation list (relative to the reference variant's capacity); remove it")
     for v in variants:  # validate every variant now: one-line errors before any run
         try:
             base.with_overrides(v.overrides)
         except ConfigError as err:
             raise ConfigError(f"{p.name}: variant '{v.name}': {err}") from None
-    return SweepSpec(d.get("name", p.stem), base, tuple(float(u) for u in utils), tuple(int(s) for s in seeds),
-                     tuple(variants), ref)
+    return SweepSpec(d.get("name", p.stem), base, utils_t, seeds_t, tuple(variants), ref)
 
 
 def flatten(summary: dict[str, Any]) -> dict[str, Any]:
@@ -182,13 +236,23 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+# a finished point's row holds at least these (anything less is a truncated or foreign file)
+POINT_COLUMNS = ("point_key", "variant", "utilisation", "seed", "error", "speculative_method", "speculative_policy",
+                 "num_speculative_tokens", *KEY_PARAMS, "completed_requests", "offered_requests", "throughput_tok_s",
+                 "stable", "usd_per_mtok")
+
+
 def _read_point(path: Path) -> dict[str, Any] | None:
-    """A finished point, or None when absent or unreadable (then it is recomputed)."""
+    """A finished point, or None when absent, unreadable, incomplete or failed (then it is recomputed)."""
     try:
         row = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return row if isinstance(row, dict) and "point_key" in row else None
+    if not isinstance(row, dict) or any(c not in row for c in POINT_COLUMNS):
+        return None
+    if row["point_key"] != path.name.removesuffix(".json") or row["error"] != "":
+        return None
+    return row
 
 
 class Progress:
@@ -212,10 +276,30 @@ class Progress:
             sys.stderr.write("\n")
 
 
+def _die_with_parent(parent_pid: int, poll_s: float = 0.25) -> None:
+    """Process-pool initializer: end this worker as soon as the sweep's main process is gone
+    (killed with SIGKILL it cannot tell its workers; they would otherwise run on, orphaned)."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
+def check_out_dir(out: Path, flag: str = "--out") -> None:
+    """OUT and OUT/points must be folders (or not exist yet): a one-line error before any run."""
+    for q in (out, out / "points"):
+        if q.exists() and not q.is_dir():
+            raise ConfigError(f"{flag} {out}: {q} exists and is not a folder; name a folder (it is created if missing)")
+
+
 def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, executor: str | cf.Executor = "process",
               progress: bool = True) -> tuple[pd.DataFrame, dict[str, dict[str, float]]]:
     """Run (or resume) a sweep into `out`; returns the tidy table and the variants' capacities."""
     out = Path(out)
+    check_out_dir(out)
     pts = out / "points"
     pts.mkdir(parents=True, exist_ok=True)
     tasks, caps = plan_points(spec, jobs if isinstance(executor, str) and executor == "process" else 1)
@@ -252,7 +336,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, exec
         for i in todo:
             record(i, run_point(tasks[i]))
     else:
-        with cf.ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as ex:
+        with cf.ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1, initializer=_die_with_parent,
+                                    initargs=(os.getpid(),)) as ex:
             futs = {ex.submit(run_point, tasks[i]): i for i in todo}
             try:
                 for fut in cf.as_completed(futs):
@@ -318,8 +403,14 @@ def main_sweep(a: Any) -> int:
     from experiments.analysis import crossovers, speedups
     from experiments.report import write_report
 
+    if a.jobs is not None and a.jobs < 1:
+        raise ConfigError(f"--jobs must be a positive number of parallel processes, got {a.jobs}")
+    timeout_s = getattr(a, "scheduler_timeout", 10.0)
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise ConfigError(f"--scheduler-timeout must be a positive number of seconds, got {timeout_s}")
     spec = load_sweep(a.sweep_file, quick=a.quick)
     out = Path(a.out)
+    check_out_dir(out)
     if a.executor == "dask" and not a.scheduler:
         raise ConfigError("--executor dask needs --scheduler tcp://HOST:PORT (or use --executor dask-local)")
     n = len(spec.variants) * len(spec.utilisation) * len(spec.seeds)
@@ -336,11 +427,15 @@ def main_sweep(a: Any) -> int:
     write_tables(df, out)
     pd.DataFrame([{"variant": v, "concurrency": r[0], "rps": r[1], "tok_s": r[2], "mean_batch": r[3]}
                   for v, c in caps.items() for r in c.get("curve", [])]).to_csv(out / "capacity.csv", index=False)
+    failed = int((df.error != "").sum()) if "error" in df else 0
+    if failed == len(df):
+        first = (str(df.error.iloc[0]).splitlines() or [""])[0] if len(df) else "no point ran"
+        raise ConfigError(f"every point of the sweep failed ({failed} of {n}; details above, rows in "
+                          f"{out / 'results.csv'}); first error: {first}")
     ok = df[df.error == ""] if "error" in df else df
     sp = speedups(ok, spec.reference)
     sp.to_csv(out / "speedups.csv", index=False)
     report = write_report(ok, sp, out, spec=spec, capacities=caps)
-    failed = int((df.error != "").sum()) if "error" in df else 0
     print(f"wrote {out / 'results.parquet'}, {out / 'results.csv'}, {out / 'speedups.csv'}, {report}")
     spec_variants = set(ok[ok.speculative_method != "none"].variant) if "speculative_method" in ok else set()
     for v, u in crossovers(sp).items():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,6 +185,25 @@ def fit_step_times(
 
 
 EFFICIENCY_FIELDS = tuple(f.name for f in dataclasses.fields(Efficiency) if f.name != "source")
+# fractions of a peak (FLOPs, bandwidth): divisors in the cost model, so in (0, 1]
+EFFICIENCY_FRACTIONS = ("mfu_max", "mfu_max_quant", "bw_eff", "comm_eff")
+
+
+def check_efficiency(values: dict[str, Any], where: str = "") -> None:
+    """Efficiency factors must be known, finite numbers: fractions of peak in (0, 1], the rest
+    (token counts, seconds) >= 0. Raises a one-line ConfigError (prefixed with `where`)."""
+    pre = f"{where}: " if where else ""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{pre}expected a table of factors ({', '.join(EFFICIENCY_FIELDS)}), got {values!r}")
+    for k, x in values.items():
+        if k not in EFFICIENCY_FIELDS:
+            raise ConfigError(f"{pre}unknown efficiency factor '{k}' (known: {', '.join(EFFICIENCY_FIELDS)})")
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+            raise ConfigError(f"{pre}efficiency factor {k} must be a finite number, got {x!r}")
+        if k in EFFICIENCY_FRACTIONS and not 0 < x <= 1:
+            raise ConfigError(f"{pre}efficiency factor {k} is a fraction of peak and must be in (0, 1], got {x!r}")
+        if x < 0:
+            raise ConfigError(f"{pre}efficiency factor {k} must be >= 0, got {x!r}")
 
 
 def save_efficiency(eff: Efficiency, path: str | Path) -> Path:
@@ -202,9 +222,12 @@ def load_efficiency(path: str | Path, base: Efficiency | None = None) -> Efficie
         data = json.loads(p.read_text())
     except json.JSONDecodeError as err:
         raise ConfigError(f"{p}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a JSON object of efficiency factors ({', '.join(EFFICIENCY_FIELDS)})")
     unknown_keys = set(data) - set(EFFICIENCY_FIELDS) - {"source"}
     if unknown_keys:
         raise ConfigError(f"{p}: unknown efficiency factor(s) {sorted(unknown_keys)} (known: {', '.join(EFFICIENCY_FIELDS)})")
+    check_efficiency({k: v for k, v in data.items() if k != "source"}, str(p))
     start = base or EFFICIENCY[("hopper", "baseline")]
     values: dict[str, Any] = {k: (str(v) if k == "source" else float(v)) for k, v in data.items()}
     return dataclasses.replace(start, **values)

@@ -7,6 +7,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from models.calibration import load_efficiency
 from models.catalog import LLM, get_gpu, get_model, get_weight_format, weight_bytes
 from models.cost import CostModel, check_tp, efficiency_for
@@ -101,6 +103,17 @@ def check_scenario(sc: Scenario) -> None:
                 raise ValueError(f"speculative.draft_model '{draft.name}' is not smaller than the target '{target.name}'")
         if spec.placement == "dedicated" and spec.method == "ngram":
             raise ValueError("speculative.placement 'dedicated' makes no sense for 'ngram' (no draft model)")
+        dm = _draft_model(sc)
+        if spec.placement == "dedicated" and dm is not None:
+            try:  # a dedicated draft runs tensor-parallel over its own draft_gpus
+                check_tp(dm, spec.draft_gpus)
+            except ConfigError as err:
+                raise ValueError(f"speculative.draft_gpus: the dedicated draft runs at {err}") from None
+        for c in sc.workload.classes:  # the same check the run makes, at validation
+            try:
+                c.acceptance_for(spec.method)
+            except ConfigError as err:
+                raise ValueError(f"{err}; add {spec.method} = <rate> to its acceptance table") from None
     per_replica = gpus_per_replica(sc)
     if per_replica > sc.rack.num_gpus:
         draft_gpus = per_replica - dep.tensor_parallel
@@ -109,15 +122,85 @@ def check_scenario(sc: Scenario) -> None:
             f"rack.num_gpus={sc.rack.num_gpus} cannot hold one replica of tensor_parallel={dep.tensor_parallel}{what}; "
             f"use num_gpus >= {per_replica}"
         )
+    idle = sc.rack.num_gpus % per_replica
+    if idle and not sc.rack.allow_idle_gpus:
+        lo, hi = sc.rack.num_gpus - idle, sc.rack.num_gpus - idle + per_replica
+        raise ValueError(
+            f"rack.num_gpus={sc.rack.num_gpus} is not a multiple of the {per_replica} GPUs per replica: {idle} GPU(s) "
+            f"would sit idle and still be billed; use num_gpus = {lo} or {hi}, or set rack.allow_idle_gpus = true"
+        )
     if dep.distilled_from:
         teacher = get_model(dep.distilled_from)
         if teacher.params_total <= target.params_total:
             raise ValueError(f"deployment.distilled_from '{teacher.name}' must be larger than the student '{target.name}'")
     # memory must fit (a ConfigError with the shortfall)
     try:
-        build_runtime(sc)
+        rt = build_runtime(sc)
     except ConfigError as err:
         raise ValueError(f"deployment (model, tensor_parallel, weights): {err}") from None
+    check_lengths(sc, rt)
+
+
+def _length_limit(rt: ReplicaRuntime) -> str:
+    return (f"max_model_len={rt.max_model_len} tokens (the KV cache holds {rt.plan.kv_capacity_tokens} tokens per "
+            f"replica, the model's context is {MAX_MODEL_LEN}); shorten the requests or give the KV cache more room "
+            "(more GPUs per replica, fp8 KV, higher gpu_memory_utilization)")
+
+
+def check_lengths(sc: Scenario, rt: ReplicaRuntime) -> None:
+    """Requests longer than max_model_len are rejected at run time (as vLLM does); a workload
+    whose typical request (fixed or median lengths, or every request of a trace) is too long
+    would measure nothing, so it is an error at validation. Raises ValueError."""
+    from sim.scenario import Empirical, Fixed, LogNormal
+    from sim.traces import load_trace
+
+    wl = sc.workload
+    if wl.arrival == "trace" and wl.trace:
+        try:
+            table = load_trace(wl.trace, wl.trace_format)
+        except ConfigError as err:
+            raise ValueError(f"workload.trace: {err}") from None
+        if wl.rate_rps is not None:
+            from sim.traces import trace_rate_rps
+
+            try:
+                trace_rate_rps(table)
+            except ConfigError as err:
+                raise ValueError(f"workload.rate_rps: cannot rescale the trace, {err}; remove rate_rps to replay "
+                                 "its own timing") from None
+        total = table.prompt_tokens + table.output_tokens
+        if int(total.min()) > rt.max_model_len:
+            raise ValueError(f"workload.trace: every request is longer than the deployment accepts (shortest "
+                             f"prompt + output = {int(total.min())} tokens) > {_length_limit(rt)}")
+        return
+    typical = []
+    for name, d in (("prompt_tokens", wl.prompt_tokens), ("output_tokens", wl.output_tokens)):
+        if isinstance(d, Fixed):
+            typical.append((name, "", float(d.value)))
+        elif isinstance(d, LogNormal):
+            typical.append((name, "median ", min(d.median, float(d.max))))
+        elif isinstance(d, Empirical):
+            from sim.traces import empirical_lengths
+
+            try:
+                values = empirical_lengths(d.trace, name, d.format)
+            except ConfigError as err:
+                raise ValueError(f"workload.{name}: {err}") from None
+            typical.append((name, "median ", float(np.median(values))))
+    total_len = sum(v for _, _, v in typical)
+    if total_len > rt.max_model_len:
+        what = " + ".join(f"{how}{name} {v:g}" for name, how, v in typical)
+        raise ValueError(f"workload: requests are longer than the deployment accepts ({what} = {total_len:g} "
+                         f"tokens) > {_length_limit(rt)}")
+
+
+def check_fits(sc: Scenario, rt: ReplicaRuntime, prompt: np.ndarray, output: np.ndarray) -> None:
+    """At run time: when every request of the table is too long, a one-line ConfigError
+    (nothing would be measured)."""
+    total = np.asarray(prompt) + np.asarray(output)
+    if total.size and int(total.min()) > rt.max_model_len:
+        raise ConfigError(f"{sc.name}: every request is longer than the deployment accepts (shortest prompt + output "
+                          f"= {int(total.min())} tokens) > {_length_limit(rt)}")
 
 
 def build_runtime(sc: Scenario) -> ReplicaRuntime:
@@ -138,7 +221,7 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
         draft_cost = None
         if dm is not None:
             if spec.placement == "dedicated":
-                tp_d = spec.draft_gpus if dm.num_heads % spec.draft_gpus == 0 else 1
+                tp_d = spec.draft_gpus  # check_scenario made sure it divides the draft's heads
                 draft_cost = CostModel(dm, gpu, tp_d, dep.weights, dep.kv_cache, eff)
             else:
                 draft_cost = CostModel(dm, gpu, dep.tensor_parallel, dep.weights, dep.kv_cache, eff)

@@ -19,9 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from models.catalog import GPUS, KV_FORMATS, MODELS, WEIGHT_FORMATS
 from models.errors import ConfigError, unknown
 
+# At most this many requests in one run: a bigger table would not fit in memory, nor finish.
+MAX_REQUESTS = 10_000_000
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Unknown keys, booleans or strings given for numbers, floats given for integers, and
+    non-finite numbers (TOML's inf, nan) are all errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class Fixed(_Strict):
@@ -58,6 +64,21 @@ class TrafficClass(_Strict):
     acceptance_spread: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
     tail: bool = False  # counts towards "tail" quality (hard, off-distribution traffic)
 
+    @model_validator(mode="after")
+    def _spread_fits(self) -> TrafficClass:
+        """A Beta distribution with mean m has a standard deviation below sqrt(m (1 - m)); a wider
+        spread is impossible (it would silently become a 0-or-1 distribution)."""
+        means = self.acceptance.values() if isinstance(self.acceptance, dict) else (self.acceptance,)
+        for m in means:
+            limit = (m * (1.0 - m)) ** 0.5
+            if self.acceptance_spread > 0 and self.acceptance_spread >= limit:
+                raise ValueError(
+                    f"class '{self.name}': acceptance_spread={self.acceptance_spread:g} is impossible for acceptance "
+                    f"{m:g} (a distribution of rates in [0, 1] with mean {m:g} has a spread below "
+                    f"sqrt(m(1-m)) = {limit:.3g}); use acceptance_spread < {limit:.3g}"
+                )
+        return self
+
     def acceptance_for(self, method: str) -> float:
         if isinstance(self.acceptance, dict):
             if method not in self.acceptance:
@@ -71,8 +92,11 @@ class TrafficClass(_Strict):
 
 class Rack(_Strict):
     gpu: str = "h100-sxm"
-    num_gpus: Annotated[int, Field(ge=1)] = 8
+    num_gpus: Annotated[int, Field(ge=1, le=4096)] = 8
     usd_per_gpu_hour: Annotated[float, Field(ge=0)] | None = None  # default: the catalogue's
+    # GPUs left over when num_gpus is not a multiple of a replica's GPUs are billed but serve
+    # nothing: an error unless this is set
+    allow_idle_gpus: bool = False
 
     @field_validator("gpu")
     @classmethod
@@ -96,8 +120,8 @@ class Deployment(_Strict):
     tensor_parallel: Annotated[int, Field(ge=1)] = 4
     weights: str = "bf16"
     kv_cache: str = "bf16"
-    max_num_seqs: Annotated[int, Field(ge=1)] = 256
-    max_num_batched_tokens: Annotated[int, Field(ge=16)] = 8192
+    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] = 256
+    max_num_batched_tokens: Annotated[int, Field(ge=16, le=1_048_576)] = 8192
     router: Literal["round_robin", "least_outstanding"] = "least_outstanding"
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     engine: Literal["baseline", "tuned"] = "baseline"
@@ -113,13 +137,12 @@ class Deployment(_Strict):
     @field_validator("efficiency")
     @classmethod
     def _eff(cls, v: dict[str, float] | None) -> dict[str, float] | None:
-        from models.calibration import EFFICIENCY_FIELDS
+        from models.calibration import check_efficiency
 
-        for k, x in (v or {}).items():
-            if k not in EFFICIENCY_FIELDS:
-                raise ValueError(f"unknown efficiency factor '{k}' (known: {', '.join(EFFICIENCY_FIELDS)})")
-            if not x >= 0:
-                raise ValueError(f"efficiency factor {k} must be >= 0, got {x}")
+        try:
+            check_efficiency(v or {})
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
         return v
 
     @field_validator("model", "distilled_from")
@@ -169,6 +192,9 @@ class Speculative(_Strict):
     def _consistent(self) -> Speculative:
         if self.method == "draft_model" and not self.draft_model:
             raise ValueError("method 'draft_model' needs draft_model = '<catalogue model>'")
+        if self.placement == "colocated" and self.draft_gpus != 1:
+            raise ValueError(f"draft_gpus={self.draft_gpus} only applies with placement = 'dedicated' "
+                             "(a colocated draft shares the target's GPUs); remove it or set placement = 'dedicated'")
         if self.policy == "fixed" and self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be >= 1 with policy 'fixed' (use 'adaptive' to allow 0)")
         return self
@@ -178,15 +204,16 @@ class Workload(_Strict):
     arrival: Literal["poisson", "gamma", "trace"] = "poisson"
     utilisation: Annotated[float, Field(gt=0, le=5)] | None = None
     rate_rps: Annotated[float, Field(gt=0)] | None = None
-    cv: Annotated[float, Field(gt=0)] = 2.0  # gamma inter-arrival coefficient of variation
+    cv: Annotated[float, Field(gt=0, le=20)] = 2.0  # gamma inter-arrival coefficient of variation
     duration_s: Annotated[float, Field(gt=0)] = 600.0
     warmup_s: Annotated[float, Field(ge=0)] = 60.0
-    num_requests: Annotated[int, Field(ge=1)] | None = None  # instead of duration_s
+    num_requests: Annotated[int, Field(ge=1, le=MAX_REQUESTS)] | None = None  # instead of duration_s
     prompt_tokens: LengthDist = LogNormal(dist="lognormal", median=1020, p90=2735)
     output_tokens: LengthDist = LogNormal(dist="lognormal", median=129, p90=424)
     trace: str | None = None
     trace_format: Literal["auto", "azure", "mooncake", "csv"] = "auto"
-    classes: tuple[TrafficClass, ...] = (TrafficClass(name="default", share=1.0),)
+    classes: Annotated[tuple[TrafficClass, ...], Field(strict=False, min_length=1)] = (
+        TrafficClass(name="default", share=1.0),)
 
     @model_validator(mode="after")
     def _consistent(self) -> Workload:
@@ -201,6 +228,8 @@ class Workload(_Strict):
             raise ValueError("set utilisation = <fraction of capacity> or rate_rps = <requests/s>")
         if self.utilisation is not None and self.rate_rps is not None:
             raise ValueError("set only one of utilisation and rate_rps")
+        if self.rate_rps is not None and self.num_requests is None and self.arrival != "trace":
+            check_request_count(self.rate_rps, self.duration_s, "rate_rps")
         if self.warmup_s >= self.duration_s and self.num_requests is None:
             raise ValueError(f"warmup_s ({self.warmup_s}) must be shorter than duration_s ({self.duration_s})")
         total = sum(c.share for c in self.classes)
@@ -209,6 +238,16 @@ class Workload(_Strict):
         if len({c.name for c in self.classes}) != len(self.classes):
             raise ValueError("classes must have distinct names")
         return self
+
+
+def check_request_count(rate_rps: float, duration_s: float, field: str) -> None:
+    """Refuse a run expected to hold more than MAX_REQUESTS requests (ValueError naming `field`)."""
+    expected = rate_rps * duration_s
+    if expected > MAX_REQUESTS:
+        raise ValueError(
+            f"{field}={rate_rps:g} req/s over duration_s={duration_s:g} s is about {expected:.3g} requests; "
+            f"one run holds at most {MAX_REQUESTS:,} (lower {field} or duration_s)"
+        )
 
 
 # SLO targets, named like vLLM's goodput: a latency metric, a percentile, seconds
@@ -292,6 +331,13 @@ class Scenario(_Strict):
     slo: SLO = SLO(**DEFAULT_SLO)
     sim: SimSettings = SimSettings()
 
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _seed(cls, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"must be a non-negative integer (0, 1, 2, ...), got {v!r}")
+        return v
+
     @model_validator(mode="after")
     def _cross(self) -> Scenario:
         from sim.deployment import check_scenario
@@ -300,8 +346,16 @@ class Scenario(_Strict):
         return self
 
     def key(self) -> str:
-        """Content hash of the scenario (for caching and resumable sweeps)."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        """Content hash of the scenario and of the files it reads (traces, efficiency file), for
+        caching and resumable sweeps: an edited trace never reuses stale points."""
+        from sim.traces import file_digest
+
+        wl, dep = self.workload, self.deployment
+        files = [wl.trace if wl.arrival == "trace" else None, dep.efficiency_file]
+        files += [d.trace for d in (wl.prompt_tokens, wl.output_tokens) if isinstance(d, Empirical)]
+        digests = {f: file_digest(f) for f in files if f}
+        data: dict[str, Any] = self.model_dump(mode="json")
+        blob = json.dumps({"scenario": data, "files": digests} if digests else data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def with_overrides(self, overrides: dict[str, Any]) -> Scenario:

@@ -24,7 +24,7 @@ from simpy.events import URGENT
 from models.catalog import peak_flops
 from models.speculative import acceptance_at_quantile
 from sim.capacity import Capacity, baseline_of  # noqa: F401  (re-exported)
-from sim.deployment import ReplicaRuntime, build_runtime
+from sim.deployment import ReplicaRuntime, build_runtime, check_fits
 from sim.engine import STEP_COLUMNS, Replica, Requests, StepLog
 from sim.metrics import summarise
 from sim.scenario import Scenario
@@ -152,6 +152,7 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     means = np.array([c.acceptance_for(method) if sc.speculative else 0.0 for c in wl.classes])
     spreads = np.array([c.acceptance_spread for c in wl.classes])
     # requests longer than the model (or the KV cache) allows are rejected, as vLLM does
+    check_fits(sc, rt, table.prompt_tokens.to_numpy(), table.output_tokens.to_numpy())  # all rejected: error
     fits = (table.prompt_tokens + table.output_tokens) <= rt.max_model_len
     rejected = int((~fits).sum())
     table = table[fits].reset_index(drop=True)

@@ -8,6 +8,7 @@ Bad input raises ConfigError with one line naming the file, the line, the field 
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import json
 import math
@@ -85,7 +86,12 @@ def _azure_seconds(values: pd.Series, lines: np.ndarray, bad: list[tuple[int, st
 
 def _read_csv(path: Path, name: str, fmt: str) -> pd.DataFrame:
     """Read an Azure or plain CSV trace, keeping each row's 1-based line number in the file."""
-    raw = path.read_text(encoding="utf-8-sig").splitlines()
+    try:
+        raw = path.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{name} line {line}: not UTF-8 text (byte {exc.object[exc.start]:#04x}); "
+                          f"a trace is a text file, expected header {','.join(_HEADERS[fmt])}") from None
     numbered = [(n, s) for n, s in enumerate(raw, start=1) if s.strip()]
     if not numbered:
         raise ConfigError(f"{name}: file is empty; expected a header {','.join(_HEADERS[fmt])} and one row per request")
@@ -119,8 +125,12 @@ def _read_mooncake(path: Path, name: str) -> pd.DataFrame:
     """Read a Mooncake JSONL trace (timestamp in ms, hash_ids = 512-token prefix-block hashes)."""
     rows: list[dict] = []
     lines: list[int] = []
-    with path.open(encoding="utf-8-sig") as fh:
-        for n, s in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for n, b in enumerate(fh, start=1):
+            try:
+                s = b.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError:
+                raise ConfigError(f"{name} line {n}: not UTF-8 text; each line must be one JSON object") from None
             if not s.strip():
                 continue
             try:
@@ -141,7 +151,9 @@ def _read_mooncake(path: Path, name: str) -> pd.DataFrame:
             lines.append(n)
     if not rows:
         raise ConfigError(f"{name}: trace has no requests (empty file); expected one JSON object per line")
-    table = pd.DataFrame(rows)
+    # object columns keep each value as written (a float in one row must not turn every row's
+    # integers into floats, which would blame the first line)
+    table = pd.DataFrame({key: pd.Series([r[key] for r in rows], dtype=object) for key in (*_HEADERS["mooncake"], "hash_ids")})
     at = np.array(lines, dtype=np.int64)
     bad: list[tuple[int, str]] = []
     out = pd.DataFrame({"arrival_s": _seconds(table["timestamp"], at, "timestamp", 1e-3, bad),
@@ -208,6 +220,28 @@ def scale_to_rate(df: pd.DataFrame, rate_rps: float) -> pd.DataFrame:
     out = df.copy()
     out["arrival_s"] = df["arrival_s"] * (trace_rate_rps(df) / float(rate_rps))
     return out
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes (cached by path, modification time and size); '' when unreadable."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        return ""
+    return _digest(str(p.resolve()), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(name: str, mtime_ns: int, size: int) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(name, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return ""
+    return h.hexdigest()
 
 
 def empirical_lengths(path: str | Path, column: str, fmt: str = "auto") -> np.ndarray:

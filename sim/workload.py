@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from models.errors import ConfigError
-from sim.scenario import Empirical, Fixed, LogNormal, Workload
+from sim.scenario import Empirical, Fixed, LogNormal, Workload, check_request_count
 from sim.traces import empirical_lengths, load_trace, scale_to_rate
 
 STREAMS = ("arrivals", "prompt", "output", "classes", "acceptance", "engine")
@@ -24,7 +24,9 @@ Z90 = 1.2815515655446004  # standard normal 90th percentile
 
 
 def streams(seed: int) -> dict[str, np.random.Generator]:
-    """One independent generator per named stream, all from one seed."""
+    """One independent generator per named stream, all from one seed (a non-negative integer)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer (0, 1, 2, ...), got {seed!r}")
     children = np.random.SeedSequence(int(seed)).spawn(len(STREAMS))
     return {name: np.random.default_rng(s) for name, s in zip(STREAMS, children, strict=True)}
 
@@ -107,6 +109,11 @@ def generate(wl: Workload, seed: int, rate_rps: float | None) -> pd.DataFrame:
     else:
         if rate_rps is None or not np.isfinite(rate_rps) or rate_rps <= 0:
             raise ConfigError(f"workload: offered rate must be a positive number of requests/s, got {rate_rps}")
+        if n is None:
+            try:
+                check_request_count(rate_rps, wl.duration_s, "workload: offered rate")
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
         if wl.arrival == "poisson":
             arrival = poisson_arrivals(rs["arrivals"], rate_rps, wl.duration_s, n)
         else:

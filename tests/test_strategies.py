@@ -417,7 +417,8 @@ def test_dedicated_draft_placement() -> None:
     target's KV cache is untouched by the draft (colocated, it shrinks)."""
     over = {**SHORT, "workload.rate_rps": 3.0}
     colo = load_scenario(SCENARIOS / "llama70b-draft1b.toml", over)
-    ded = colo.with_overrides({"speculative.placement": "dedicated", "speculative.draft_gpus": 1})
+    ded = colo.with_overrides({"speculative.placement": "dedicated", "speculative.draft_gpus": 1,
+                               "rack.allow_idle_gpus": True})  # 8 GPUs: one replica of 5, 3 idle
     base = baseline_of(colo)
     s_ded, s_base, s_colo = simulate(ded, seed=1).summary, simulate(base, seed=1).summary, simulate(colo, seed=1).summary
     assert s_ded["num_replicas"] == 1 < s_base["num_replicas"] == s_colo["num_replicas"] == 2
