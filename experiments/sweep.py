@@ -207,7 +207,7 @@ def plan_points(spec: SweepSpec, jobs: int | None = 1) -> tuple[list[dict[str, A
     todo = [baseline_of(ref_sc), *scs]
     workers = min(jobs or os.cpu_count() or 1, len(todo))
     if workers > 1:
-        with cf.ProcessPoolExecutor(max_workers=workers) as ex:
+        with cf.ProcessPoolExecutor(max_workers=workers, initializer=_die_with_parent, initargs=(os.getpid(),)) as ex:
             measured = list(ex.map(_own_capacity, todo))
     else:
         measured = [_own_capacity(sc) for sc in todo]

@@ -107,6 +107,7 @@ class ClosedLoop:
         self.env, self.reqs, self.replicas, self.router = env, reqs, replicas, router
         self.think_s = think_s
         self.next = 0
+        self.thinks = 0
         self.rr = 0
         reqs.on_complete = self._completed
         env.process(self._start(concurrency))
@@ -133,8 +134,9 @@ class ClosedLoop:
         for _ in range(count):
             if self.think_s is None:
                 self._send()
-            else:
-                delay = float(self.think_s[self.next]) if self.next < self.think_s.size else 0.0
+            else:  # one think time per completion, in completion order (never shared between clients)
+                delay = float(self.think_s[self.thinks]) if self.thinks < self.think_s.size else 0.0
+                self.thinks += 1
                 self.env.process(self._after(delay))
 
 
