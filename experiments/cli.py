@@ -119,9 +119,17 @@ def _run(a: argparse.Namespace) -> int:
     res = simulate(sc, a.seed, progress=True, with_capacity=True)
     out = res.write(a.out)
     s = res.summary
+    verdict = {"stable": "stable", "overloaded": "OVERLOADED", "insufficient": "TOO FEW REQUESTS TO JUDGE"}[s["verdict"]]
     print(f"{sc.name} seed {res.seed}: {s['completed_requests']}/{s['offered_requests']} requests, "
-          f"{s['throughput_tok_s']:.0f} tok/s, TTFT p99 {s['ttft_s']['p99']:.3f} s, TPOT p99 {s['tpot_s']['p99'] * 1e3:.1f} ms, "
-          f"{'stable' if s['stable'] else 'OVERLOADED (backlog ' + str(s['backlog']) + ')'} -> {out}")
+          f"{s['offered_rps']:.2f} req/s offered, {s['throughput_rps']:.2f} served, {s['throughput_tok_s']:.0f} tok/s; "
+          f"{verdict}{' (' + s['verdict_reason'] + ')' if s['verdict_reason'] else ''} -> {out}")
+    print(f"  capacity {s['capacity_rps']:.2f} req/s" + (f", with speculation {s['speculative_capacity_rps']:.2f}"
+                                                        if "speculative_capacity_rps" in s else ""))
+    for name, c in s["slo"].items():
+        metric, pct, _ = name.split("_")
+        print(f"  SLO {name}: {pct} {metric.upper()} {c['value'] * 1e3:.1f} ms vs target {c['target'] * 1e3:.1f} ms "
+              f"{'met' if c['met'] else 'MISSED'}")
+    print(f"  SLO {'met' if s['slo_met'] else 'NOT met'}")
     return 0
 
 

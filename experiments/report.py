@@ -232,6 +232,20 @@ def summary_text(df: pd.DataFrame, sp: pd.DataFrame, capacities: dict[str, dict[
                     f"tokens per sequence turns large batches compute-bound. Offered load between the two is "
                     f"metastable (a burst tips it into overload); its capacity is the highest rate a "
                     f"{SUSTAIN_CHECK_S:.0f} s open-loop run sustained, {c['capacity_rps']:.2f} req/s.")
+    checks = sorted({c[len("slo_"):-len("_met")] for c in df.columns if c.startswith("slo_") and c.endswith("_met")})
+    if checks and "slo_met" in df:
+        missed = []
+        for v, g in df.groupby("variant", sort=False):
+            bad = g[~g.slo_met.astype(bool)]
+            if len(bad):
+                u = float(bad.utilisation.min())
+                at = bad[bad.utilisation == u]
+                why = [c for c in checks if not at[f"slo_{c}_met"].astype(bool).all()]
+                if "verdict" in at and (at.verdict != "stable").any():
+                    why.append("stability")
+                missed.append(f"{v} from u={u:.2f} ({', '.join(why)})")
+        lines.append(f"SLO ({', '.join(checks)}; each checked on its own metric, plus stability): "
+                     + ("met at every point." if not missed else "missed by " + "; ".join(missed) + "."))
     if "verdict" in df:
         over = df[df.verdict == "overloaded"]
         if len(over):
