@@ -17,6 +17,8 @@ MIN_JUDGED_REQUESTS = 100
 TREND_BATCHES = 10  # batch means over the window for the trend tests
 TREND_T = 4.0  # t statistic of the slope a trend must exceed
 TREND_REL = 0.5  # ... and growth over the window as a share of the first half's mean
+SETTLE_LIFETIMES = 3.0  # requests in system are judged from 3 mean request lifetimes after the start on
+JUDGE_LIFETIMES = 5.0  # ... over at least 5 lifetimes
 
 
 def dist(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float]:
@@ -104,8 +106,17 @@ def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bo
     out: dict[str, Any] = {"backlog": int((~done).sum()), "judged_requests": n_meas}
     growth_l = t_l = mean_l = growth_t = t_t = mean_t = float("nan")
     over_l = over_t = False
-    if window > 0:
-        times = warmup_s + (np.arange(TREND_BATCHES * 40) + 0.5) * window / (TREND_BATCHES * 40)
+    # the system starts empty: requests in system ramp up over a few request lifetimes (tau = mean
+    # E2E) whatever the load, so their trend is judged only from SETTLE_LIFETIMES x tau on, and
+    # only over a stretch of at least JUDGE_LIFETIMES x tau
+    lifetimes = (req.completion_s - req.arrival_s)[meas & done]
+    tau = float(lifetimes.mean()) if len(lifetimes) else 0.0
+    settle = max(warmup_s, SETTLE_LIFETIMES * tau)
+    short = end_s - settle < JUDGE_LIFETIMES * tau
+    out["settle_s"] = settle
+    if window > 0 and not short:
+        span = end_s - settle
+        times = settle + (np.arange(TREND_BATCHES * 40) + 0.5) * span / (TREND_BATCHES * 40)
         l_means = in_system(req, times).reshape(TREND_BATCHES, 40).mean(axis=1)
         growth_l, t_l, mean_l = trend(l_means)
         over_l = bool(t_l > TREND_T and growth_l > max(TREND_REL * mean_l, 2.0))
@@ -132,6 +143,10 @@ def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bo
         reasons.append(f"TTFT grew by {growth_t:.2f} s over the window (mean {mean_t:.2f} s in its first half)")
     if reasons:
         verdict = "overloaded"
+    elif short and n_meas:
+        verdict = "insufficient"
+        reasons.append(f"run too short to judge: {end_s - settle:.0f} s after settling ({settle:.0f} s) is under "
+                       f"{JUDGE_LIFETIMES:g} request lifetimes ({tau:.1f} s each); lengthen duration_s")
     elif n_meas < MIN_JUDGED_REQUESTS:
         verdict = "insufficient"
         reasons.append(f"only {n_meas} requests measured (at least {MIN_JUDGED_REQUESTS} needed to judge)")
