@@ -232,7 +232,8 @@ def summary_text(df: pd.DataFrame, sp: pd.DataFrame, capacities: dict[str, dict[
                     f"tokens per sequence turns large batches compute-bound. Offered load between the two is "
                     f"metastable (a burst tips it into overload); its capacity is the highest rate a "
                     f"{SUSTAIN_CHECK_S:.0f} s open-loop run sustained, {c['capacity_rps']:.2f} req/s.")
-    checks = sorted({c[len("slo_"):-len("_met")] for c in df.columns if c.startswith("slo_") and c.endswith("_met")})
+    checks = sorted({c[len("slo_"):-len("_met")] for c in df.columns
+                     if c.startswith("slo_") and c.endswith("_met") and c != "slo_met"})
     if checks and "slo_met" in df:
         missed = []
         for v, g in df.groupby("variant", sort=False):

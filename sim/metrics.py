@@ -109,17 +109,21 @@ def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bo
     # the system starts empty: requests in system ramp up over a few request lifetimes (tau = mean
     # E2E) whatever the load, so their trend is judged only from SETTLE_LIFETIMES x tau on, and
     # only over a stretch of at least JUDGE_LIFETIMES x tau
-    lifetimes = (req.completion_s - req.arrival_s)[meas & done]
+    # (service lifetimes, scheduled to completion: queueing in an overload must not stretch them)
+    lifetimes = (req.completion_s - req.scheduled_s)[meas & done]
     tau = float(lifetimes.mean()) if len(lifetimes) else 0.0
     settle = max(warmup_s, SETTLE_LIFETIMES * tau)
     short = end_s - settle < JUDGE_LIFETIMES * tau
     out["settle_s"] = settle
-    if window > 0 and not short:
-        span = end_s - settle
-        times = settle + (np.arange(TREND_BATCHES * 40) + 0.5) * span / (TREND_BATCHES * 40)
-        l_means = in_system(req, times).reshape(TREND_BATCHES, 40).mean(axis=1)
-        growth_l, t_l, mean_l = trend(l_means)
-        over_l = bool(t_l > TREND_T and growth_l > max(TREND_REL * mean_l, 2.0))
+    if window > 0:
+        if not short:
+            span = end_s - settle
+            times = settle + (np.arange(TREND_BATCHES * 40) + 0.5) * span / (TREND_BATCHES * 40)
+            l_means = in_system(req, times).reshape(TREND_BATCHES, 40).mean(axis=1)
+            growth_l, t_l, mean_l = trend(l_means)
+            over_l = bool(t_l > TREND_T and growth_l > max(TREND_REL * mean_l, 2.0))
+        # TTFT by arrival time over the whole window: queueing, unlike the running set, does not
+        # ramp up from an empty start by more than a step or two
         m = req[meas & done]
         if len(m) >= 2 * TREND_BATCHES:
             ttft = (m.first_token_s - m.arrival_s).to_numpy(np.float64)
@@ -129,7 +133,7 @@ def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bo
             if (counts > 0).all():
                 t_means = np.bincount(which, weights=ttft, minlength=TREND_BATCHES) / counts
                 growth_t, t_t, mean_t = trend(t_means)
-                over_t = bool(t_t > TREND_T and growth_t > max(TREND_REL * mean_t, 0.05))
+                over_t = bool(t_t > TREND_T and growth_t > max(TREND_REL * mean_t, 0.25))
     out.update(in_system_mean=float(mean_l), in_system_growth=float(growth_l), in_system_trend_t=float(t_l),
                ttft_growth_s=float(growth_t), ttft_trend_t=float(t_t))
     reasons = []
