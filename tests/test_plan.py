@@ -386,7 +386,7 @@ BAD_PLANS: dict[str, tuple[Callable[[], str], tuple[str, ...]]] = {
     "unreachable-traffic": (lambda: plan_text(strategies=("baseline",), rate=5000, max_gpus=8),
                             ("5000", "max_gpus", "rate_rps")),
     "missing-base": (_replace(f'base = "{BASE}"\n', ""), ("missing 'base'",)),
-    "unknown-field": (_replace('name = "tiny"\n', 'name = "tiny"\ncolour = "red"\n'), ("unknown field", "colour")),
+    "unknown-field": (_replace('name = "tiny"\n', 'name = "tiny"\ncolour = "red"\n'), ("unknown key", "colour")),
     "floor-above-one": (_replace("floor_tail = 0.9", "floor_tail = 1.5"), ("quality.floor_tail", "[0, 1]")),
     "base-not-found": (_replace(f'base = "{BASE}"', 'base = "no-such-scenario.toml"'), ("not found",)),
     "unknown-gpu": (_replace(f'gpus = ["{GPU}"]', 'gpus = ["h100-sx"]'), ("unknown gpu 'h100-sx'", "h100-sxm")),
@@ -483,7 +483,7 @@ def test_plan_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert "tiny" in cap.err and "Traceback" not in cap.err
     # each SLO target's value on the terminal, the binding check named; every check by name in the csv
     assert lines[header].split()[4:8] == ["TTFT", "p99", "TPOT", "p99"] and "binding" in lines[header]
-    assert all(ln.split()[-3] in ("ttft_p99_s", "tpot_p99_s") for ln in lines[header + 1:header + 1 + len(plan)])
+    assert all(ln.split()[-4] in ("ttft_p99_s", "tpot_p99_s") for ln in lines[header + 1:header + 1 + len(plan)])
     for key in ("ttft_p99_s", "tpot_p99_s"):
         assert {f"slo_{key}_value", f"slo_{key}_target", f"slo_{key}_met"} <= set(plan.columns)
     assert {"simulated_rate_rps", "judged_requests", "itl_samples", "verdict", "binding_slo"} <= set(plan.columns)
