@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import difflib
+import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +26,10 @@ import numpy as np
 import pandas as pd
 
 from experiments.sweep import Variant, default_sweep_path
+from models.catalog import GPUS, get_gpu
 from models.errors import ConfigError, unknown
 from sim.deployment import build_runtime, gpus_per_replica
-from sim.scenario import Scenario, load_scenario, read_toml
+from sim.scenario import SLO_KEYS, Scenario, load_scenario, read_toml, slo_key_hint
 from sim.simulate import simulate
 from sim.traces import load_trace, trace_rate_rps
 
@@ -35,6 +39,47 @@ HOURS_PER_MONTH = 720.0
 
 # a plan's strategy is a sweep's variant: a name and overrides of the base scenario
 Strategy = Variant
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What a plan offers: a Poisson/gamma rate, or a window of a real trace at a growth factor.
+
+    A trace window is chosen on the trace's own clock ([lo, hi) s from its first request) and
+    replayed with its timing compressed by the growth factor g = rate / window_rate_rps, so the
+    simulated offered rate is the window's own rate times the growth. Before the window, up to
+    warmup_s x g of the trace's preceding requests are replayed as a lead-in (unmeasured), so the
+    measured window is the chosen one whenever the trace has that much history before it."""
+
+    kind: str  # "rate" | "trace"
+    headline_rps: float  # the rate the plan is judged at (the window's rate x growth for traces)
+    growth: float = 1.0
+    trace: str | None = None
+    trace_format: str = "auto"
+    trace_rate_rps: float = float("nan")  # the whole trace's mean rate (its own clock)
+    window: str = ""  # as written: "whole", "peak-1h", "12.0-600.0 s"
+    lo_s: float = 0.0
+    hi_s: float = float("inf")
+    window_rate_rps: float = float("nan")  # requests/s inside the window, trace clock
+    warmup_s: float = 0.0
+
+    def overrides(self, rate: float) -> dict[str, Any]:
+        """Workload overrides offering `rate` req/s (for a trace: the window, time-compressed)."""
+        if self.kind == "rate":
+            return {"workload.rate_rps": rate}
+        g = rate / self.window_rate_rps
+        lead = min(self.warmup_s * g, self.lo_s)
+        start = self.lo_s - lead
+        return {"workload.arrival": "trace", "workload.trace": self.trace, "workload.trace_format": self.trace_format,
+                "workload.rate_rps": self.trace_rate_rps * g, "workload.num_requests": None,
+                "workload.trace_start_s": start if start > 0 else None, "workload.trace_end_s": self.hi_s,
+                "workload.duration_s": (self.hi_s - start) / g, "workload.warmup_s": self.warmup_s}
+
+    def describe(self) -> str:
+        if self.kind == "rate":
+            return f"{self.headline_rps:.2f} req/s (Poisson/gamma as the base scenario says)"
+        return (f"trace {Path(self.trace or '').name}, window {self.window} ({self.hi_s - self.lo_s:.0f} s of its clock, "
+                f"{self.window_rate_rps:.2f} req/s) x growth {self.growth:g} = {self.headline_rps:.2f} req/s")
 
 
 @dataclass(frozen=True)
@@ -54,101 +99,357 @@ class PlanSpec:
     map_acceptance: tuple[float, ...]
     shift_tail_shares: tuple[float, ...]
     shift_utilisation: float
+    traffic: Traffic | None = None
+    not_applicable: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)  # (strategy, gpu) -> why
+    expected_requests: int = 0  # requests arriving in the measured window of one run at the plan's rate
+    warnings: tuple[str, ...] = ()
+
+    def inputs(self) -> dict[str, str]:
+        """The effective inputs, for the terminal header and the report."""
+        b = self.base
+        dep, dist, wl = b.deployment, b.deployment.distillation, b.workload
+        prices = ", ".join(f"{g} ${self.prices[g]:g}/h" if g in self.prices else f"{g} (catalogue ${get_gpu(g).usd_per_gpu_hour:g}/h)"
+                           for g in self.gpus)
+        train_price = dist.training_usd_per_gpu_hour
+        train_price = get_gpu(dist.training_gpu).usd_per_gpu_hour if train_price is None else train_price
+        traffic = self.traffic.describe() if self.traffic else f"{self.rate_rps:.2f} req/s"
+        return {
+            "model": f"{dep.model}, TP{dep.tensor_parallel}, weights {dep.weights}, KV cache {dep.kv_cache}, "
+                     f"max_num_batched_tokens {dep.max_num_batched_tokens}, max_num_seqs {dep.max_num_seqs}",
+            "base rack": f"{b.rack.num_gpus}x {b.rack.gpu} (the search sizes racks of {', '.join(self.gpus)} up to {self.max_gpus} GPUs)",
+            "strategies": ", ".join(s.name for s in self.strategies),
+            "SLO": f"{b.slo.describe()}, judged on a stable run (every seed)",
+            "tail-quality floor": f"{self.quality_floor_tail:g}",
+            "prices": prices,
+            "retraining": f"{self.teacher_updates_per_month:g} teacher updates/month, trained on {dist.training_gpu} at ${train_price:g}/h",
+            "traffic": traffic,
+            "simulated": f"{wl.duration_s:.0f} s per run after {wl.warmup_s:.0f} s warm-up included; "
+                         f"~{self.expected_requests} measured requests per run; seeds {list(self.seeds)}",
+        }
+
+
+# the keys each plan table takes; anything else is a typo (did-you-mean) or a key in the wrong table
+TOP_KEYS = ("name", "base", "base_set", "strategies", "traffic", "slo", "search", "quality", "analyses", "quick")
+TABLE_KEYS: dict[str, tuple[str, ...]] = {
+    "traffic": ("rate_rps", "trace", "trace_format", "growth", "window", "start_s", "end_s"),
+    "search": ("gpus", "usd_per_gpu_hour", "max_gpus", "duration_s", "warmup_s", "seeds"),
+    "quality": ("floor_tail", "teacher_updates_per_month", "training_gpu", "training_usd_per_gpu_hour"),
+    "analyses": ("curve_multipliers", "map_utilisation", "map_acceptance", "shift_tail_shares", "shift_utilisation"),
+    "slo": SLO_KEYS,
+}
+QUICK_SECTIONS = ("traffic", "search", "quality", "analyses", "slo")
+STRATEGY_KEYS = ("name", "set")
+MIN_JUDGED = 500  # fewer measured requests than this make a p99 too noisy to buy hardware on
+MAX_RATE_SHIFT = 0.10  # --quick may not move the simulated rate further than this from the plan's
+
+
+def _near(key: str, known: tuple[str, ...] | list[str]) -> str:
+    """'; did you mean 'x'?' for a misspelt or reordered key (tail_floor -> floor_tail), else ''."""
+    parts = sorted(key.lower().split("_"))
+    same = [k for k in known if sorted(k.split("_")) == parts]
+    near = same or difflib.get_close_matches(key.lower(), list(known), n=1, cutoff=0.6)
+    return f"; did you mean '{near[0]}'?" if near else ""
+
+
+def _home(key: str) -> str | None:
+    """The table a known key belongs to, for a key written in the wrong one."""
+    if key in TOP_KEYS:
+        return "the top level (before the first [table]: TOML puts a key written after [x] into table x)"
+    for t, keys in TABLE_KEYS.items():
+        if key in keys:
+            return f"[{t}]"
+    return None
+
+
+def _check_keys(d: dict[str, Any], where: str, known: tuple[str, ...]) -> None:
+    for key in d:
+        if key in known:
+            continue
+        if where.endswith("slo"):
+            raise ConfigError(f"{where}.{key}: {slo_key_hint(str(key))}")
+        home = _home(str(key))
+        if home:
+            raise ConfigError(f"{where}.{key}: belongs in {home}, not in [{where}]")
+        raise ConfigError(f"{where}: unknown key '{key}'{_near(str(key), known)} (known: {', '.join(known)})")
+
+
+def _table(d: dict[str, Any], key: str, where: str = "") -> dict[str, Any]:
+    v = d.get(key, {})
+    if not isinstance(v, dict):
+        raise ConfigError(f"{where}{key}: must be a table ([{key}] with keys such as "
+                          f"{', '.join(TABLE_KEYS.get(key, QUICK_SECTIONS)[:3])}), got {v!r}")
+    return v
 
 
 def _positive(d: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
     v = d.get(key, default)
     if v is None:
         raise ConfigError(f"{where}.{key}: missing (a positive number)")
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
-        raise ConfigError(f"{where}.{key}: must be a positive number, got {v!r}")
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not (v > 0 and math.isfinite(v)):
+        raise ConfigError(f"{where}.{key}: must be a positive finite number, got {v!r}")
     return float(v)
+
+
+def _str(d: dict[str, Any], key: str, where: str, default: str | None = None) -> str:
+    v = d.get(key, default)
+    if not isinstance(v, str) or not v:
+        raise ConfigError(f"{where}{key}: must be a non-empty string, got {v!r}")
+    return v
+
+
+def _strings(d: dict[str, Any], key: str, where: str, default: list[str]) -> list[str]:
+    v = d.get(key, default)
+    if isinstance(v, str):
+        raise ConfigError(f"{where}.{key}: must be a list, e.g. {key} = [\"{v}\"], got the string {v!r}")
+    if not isinstance(v, list) or not v or not all(isinstance(x, str) for x in v):
+        raise ConfigError(f"{where}.{key}: must be a non-empty list of names, got {v!r}")
+    if len(set(v)) != len(v):
+        raise ConfigError(f"{where}.{key}: lists a name twice: {v!r}")
+    return v
+
+
+_WINDOW = re.compile(r"^peak-(\d+(?:\.\d+)?)(s|m|h)$")
+
+
+def _traffic(t: dict[str, Any], plan_dir: Path, warmup_s: float) -> Traffic:
+    """Validate [traffic] and resolve a trace window (see Traffic)."""
+    growth = _positive(t, "growth", "traffic", 1.0)
+    if "trace" not in t:
+        for k in ("window", "start_s", "end_s", "trace_format"):
+            if k in t:
+                raise ConfigError(f"traffic.{k}: only meaningful with traffic.trace = '<path>'")
+        if "rate_rps" not in t:
+            raise ConfigError("traffic: set rate_rps = <requests/s> or trace = '<path to a trace file>'")
+        return Traffic("rate", _positive(t, "rate_rps", "traffic") * growth, growth)
+    if "rate_rps" in t:
+        raise ConfigError("traffic: set rate_rps or trace, not both (a trace replays its own timing; scale it with growth)")
+    trace = str((plan_dir / _str(t, "trace", "traffic.")).resolve())
+    fmt = _str(t, "trace_format", "traffic.", "auto")
+    if fmt not in ("auto", "azure", "mooncake", "csv"):
+        raise unknown("trace format", fmt, ("auto", "azure", "mooncake", "csv"))
+    df = load_trace(trace, fmt)
+    mean = trace_rate_rps(df)
+    a = df.arrival_s.to_numpy(np.float64)
+    span = float(a[-1])
+    if "window" in t and ("start_s" in t or "end_s" in t):
+        raise ConfigError("traffic: set window or start_s/end_s, not both")
+    if "start_s" in t or "end_s" in t:
+        lo = _num(t, "start_s", "traffic", 0.0, lo=0)
+        hi = _num(t, "end_s", "traffic", span, lo=0, lo_open=True)
+        if lo >= span:
+            raise ConfigError(f"traffic.start_s ({lo:g}) is past the trace's last request ({span:.0f} s after its first)")
+        if hi <= lo:
+            raise ConfigError(f"traffic.end_s ({hi:g}) must be after traffic.start_s ({lo:g})")
+        n = int(np.searchsorted(a, hi, "left") - np.searchsorted(a, lo, "left"))
+        label = f"{lo:g}-{hi:g} s"
+    else:
+        w = _str(t, "window", "traffic.", "whole")
+        m = _WINDOW.match(w)
+        if w == "whole":
+            lo, hi, n, label = 0.0, span, len(a) - 1, "whole"  # (n - 1) / span: the trace's own mean rate
+        elif m:
+            length = float(m.group(1)) * {"s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2)]
+            if not length > 0:
+                raise ConfigError(f"traffic.window '{w}': the length must be positive")
+            if length > span:
+                raise ConfigError(f"traffic.window '{w}' is longer than the trace ({span / 60:.1f} min of arrivals); "
+                                  "use window = 'whole' or a shorter peak")
+            counts = np.searchsorted(a, a + length, "left") - np.arange(a.size)
+            i = int(np.argmax(counts))
+            lo, hi, n, label = float(a[i]), float(a[i]) + length, int(counts[i]), w
+        else:
+            raise ConfigError(f"traffic.window: '{w}' is not a window; use 'whole', 'peak-1h', 'peak-<N>m' or "
+                              "'peak-<N>s', or start_s/end_s")
+    if n < 2:
+        raise ConfigError(f"traffic: the window {label} holds {n} request(s) of the trace; choose a wider window")
+    rate = n / (hi - lo) if label != "whole" else mean
+    return Traffic("trace", rate * growth, growth, trace, fmt, mean, label, lo, hi, rate, warmup_s)
+
+
+def _measured_requests(tr: Traffic, duration_s: float, warmup_s: float) -> int:
+    """Requests arriving in one run's measured window at the plan's rate (expected for a rate)."""
+    if tr.kind == "rate":
+        return int(tr.headline_rps * (duration_s - warmup_s))
+    a = load_trace(tr.trace or "", tr.trace_format).arrival_s.to_numpy()
+    g = tr.headline_rps / tr.window_rate_rps
+    o = tr.overrides(tr.headline_rps)
+    start = o["workload.trace_start_s"] or 0.0
+    return int(((a >= start + warmup_s * g) & (a < tr.hi_s)).sum())
+
+
+def _resolve_traffic(d: dict[str, Any], p: Path) -> tuple[Traffic, float, float]:
+    search, traffic = d["search"], d["traffic"]
+    warm = _num(search, "warmup_s", "search", 20, lo=0)
+    if "trace" in traffic and "duration_s" in search:
+        raise ConfigError("search.duration_s: a trace plan simulates its traffic window (traffic.window or "
+                          "start_s/end_s), not a duration; remove search.duration_s")
+    tr = _traffic(traffic, p.parent, warm)
+    dur = _num(search, "duration_s", "search", 180, lo=0, lo_open=True) if tr.kind == "rate" else float("nan")
+    if tr.kind == "rate" and warm >= dur:
+        raise ConfigError(f"search.warmup_s ({warm:g}) must be shorter than search.duration_s ({dur:g})")
+    return tr, dur, warm
 
 
 def load_plan(path: str | Path, quick: bool = False) -> PlanSpec:
     """Read and validate a plan file; one-line ConfigErrors name the field and the fix."""
     p = Path(path)
     d = read_toml(p, "plan")
-    known = {"name", "base", "traffic", "slo", "search", "quality", "strategies", "analyses", "quick"}
-    extra = set(d) - known
-    if extra:
-        raise ConfigError(f"{p.name}: unknown field(s) {sorted(extra)} (known: {', '.join(sorted(known))})")
+    _check_keys(d, p.name, TOP_KEYS)
     if "base" not in d:
         raise ConfigError(f"{p.name}: missing 'base' (a scenario file giving the traffic mix and deployment defaults)")
-    if quick and "quick" in d:
-        for section, values in d["quick"].items():
-            if isinstance(values, dict):
-                d.setdefault(section, {}).update(values)
-    search = d.get("search", {})
-    base_set = {"workload.duration_s": _num(search, "duration_s", "search", 180, lo=0, lo_open=True),
-                "workload.warmup_s": _num(search, "warmup_s", "search", 20, lo=0)}
-    slo = d.get("slo", {})
-    base = load_scenario((p.parent / d["base"]).resolve(), base_set)
+    base_path = _str(d, "base", "")
+    if "name" in d:
+        _str(d, "name", "")
+    for section in (*TABLE_KEYS, "base_set"):
+        d[section] = dict(_table(d, section))
+        if section in TABLE_KEYS:
+            _check_keys(d[section], section, TABLE_KEYS[section])
+    q_tab = _table(d, "quick")
+    _check_keys(q_tab, "quick", QUICK_SECTIONS)
+    full = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+    for section in q_tab:
+        values = _table(q_tab, section, "quick.")
+        _check_keys(values, f"quick.{section}", TABLE_KEYS[section])
+        if quick:
+            if section == "traffic" and ("window" in values or "start_s" in values or "end_s" in values):
+                for k in ("window", "start_s", "end_s"):
+                    d["traffic"].pop(k, None)
+            d[section].update(values)
+    search, q, a = d["search"], d["quality"], d["analyses"]
+    tr, dur, warm = _resolve_traffic(d, p)
+    warnings: list[str] = []
+    if quick and q_tab:  # the quick plan must still judge the plan's traffic
+        full_tr, _, _ = _resolve_traffic(full, p)
+        shift = tr.headline_rps / full_tr.headline_rps - 1.0
+        if abs(shift) > MAX_RATE_SHIFT:
+            raise ConfigError(f"--quick would simulate {tr.headline_rps:.2f} req/s ({tr.window or 'rate'}) against the plan's "
+                              f"{full_tr.headline_rps:.2f} req/s ({full_tr.window or 'rate'}), {100 * shift:+.0f}% "
+                              f"(more than {100 * MAX_RATE_SHIFT:.0f}%); fix [quick] traffic or run without --quick")
+    base_set: dict[str, Any] = {"workload.warmup_s": warm}
+    if tr.kind == "rate":
+        base_set["workload.duration_s"] = dur
+    try:
+        base = load_scenario((p.parent / base_path).resolve(), {**base_set, **d["base_set"]})
+    except ConfigError as err:
+        raise ConfigError(f"{p.name}: base (with base_set): {err}") from None
+    slo = d["slo"]
     if slo:  # the plan's [slo] replaces the base scenario's targets
-        from sim.scenario import SLO_KEYS, slo_key_hint
-
         for key in slo:
-            if key not in SLO_KEYS:
-                raise ConfigError(f"{p.name}: slo.{key}: {slo_key_hint(str(key))}")
             _positive(slo, key, "slo")
         base = base.with_overrides({"slo": dict(slo)})
-    # traffic: a rate, or a trace (at its own mean rate) times a growth factor
-    t = d.get("traffic", {})
-    growth = _positive(t, "growth", "traffic", 1.0)
-    if "trace" in t:
-        trace = str((p.parent / t["trace"]).resolve())
-        rate = trace_rate_rps(load_trace(trace, t.get("trace_format", "auto"))) * growth
-        base = base.with_overrides({"workload.arrival": "trace", "workload.trace": trace,
-                                    "workload.trace_format": t.get("trace_format", "auto")})
-    else:
-        rate = _positive(t, "rate_rps", "traffic") * growth
-    gpus = tuple(search.get("gpus", [base.rack.gpu]))
-    prices = dict(search.get("usd_per_gpu_hour", {}))
+    # retraining runs on its own training GPU, priced apart from the serving rack
+    train: dict[str, Any] = {}
+    if "training_gpu" in q:
+        train["deployment.distillation.training_gpu"] = _str(q, "training_gpu", "quality.")
+        if train["deployment.distillation.training_gpu"].lower() not in GPUS:
+            raise unknown("gpu", q["training_gpu"], tuple(GPUS))
+    if "training_usd_per_gpu_hour" in q:
+        train["deployment.distillation.training_usd_per_gpu_hour"] = _positive(q, "training_usd_per_gpu_hour", "quality")
+    base = base.with_overrides({**train, **tr.overrides(tr.headline_rps)})
+    gpus = tuple(g.lower() for g in _strings(search, "gpus", "search", [base.rack.gpu]))
+    for g in gpus:
+        if g not in GPUS:
+            raise unknown("gpu", g, tuple(GPUS))
+    prices_in = search.get("usd_per_gpu_hour", {})
+    if not isinstance(prices_in, dict):
+        raise ConfigError(f"search.usd_per_gpu_hour: must be a table of prices by GPU, e.g. {{ {gpus[0]} = 2.5 }}, got {prices_in!r}")
+    prices = {}
+    for g in prices_in:
+        if g.lower() not in gpus:
+            raise ConfigError(f"search.usd_per_gpu_hour.{g}: prices a GPU not in search.gpus ({', '.join(gpus)})"
+                              f"{_near(g, gpus)}; add it to search.gpus or remove the price")
+        prices[g.lower()] = _positive(prices_in, g, "search.usd_per_gpu_hour")
     max_gpus = int(_num(search, "max_gpus", "search", 64, lo=1, integer=True))
     seeds = search.get("seeds", [1])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
-        raise ConfigError(f"search.seeds: must be a non-empty list of integers, got {seeds!r}")
-    strategies = []
-    builtin = builtin_strategies()
-    listed = d.get("strategies", d.get("quality", {}).pop("strategies", ["baseline"]))
-    if not isinstance(listed, list) or not listed:
-        raise ConfigError(f"strategies: must be a non-empty list of built-in names or tables, got {listed!r}")
-    for i, s in enumerate(listed):
-        if isinstance(s, str):  # a built-in strategy: a variant of the default sweep
-            if s not in builtin:
-                raise unknown("strategy", s, tuple(builtin))
-            strategies.append(builtin[s])
-            continue
-        if not isinstance(s, dict) or "name" not in s:
-            raise ConfigError(f"{p.name}: strategies[{i}] must be a built-in name or a table with name and set")
-        strategies.append(Strategy(s["name"], dict(s.get("set", {}))))
-    for gpu in gpus:
-        for s in strategies:
-            try:
-                _scenario(base, s, gpu, prices, 1, rate)
-            except ConfigError as err:
-                raise ConfigError(f"{p.name}: strategy '{s.name}' on {gpu}: {err}") from None
-    _check_reachable(p.name, base, strategies, gpus, prices, rate, max_gpus)
-    q = d.get("quality", {})
-    a = d.get("analyses", {})
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds):
+        raise ConfigError(f"search.seeds: must be a non-empty list of integers >= 0, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"search.seeds: lists a seed twice: {seeds!r}")
+    strategies = _strategies(d, p.name)
+    not_applicable = _applicability(p.name, base, strategies, gpus, prices, tr)
+    _check_reachable(p.name, base, strategies, gpus, prices, tr.headline_rps, max_gpus, not_applicable)
     floor = _num(q, "floor_tail", "quality", 0.0, lo=0, hi=1)
+    expected = _measured_requests(tr, base.workload.duration_s, warm)
+    if expected < MIN_JUDGED:
+        warnings.append(f"WARNING: each run measures only ~{expected} requests (< {MIN_JUDGED}): its p99 rests on "
+                        f"~{max(expected // 100, 0)} requests{'; --quick shortened it' if quick else ''}; "
+                        "lengthen the run (search.duration_s or traffic.window) before buying on it")
     return PlanSpec(
-        name=d.get("name", p.stem), base=base, rate_rps=rate, strategies=tuple(strategies), gpus=gpus, prices=prices,
-        max_gpus=max_gpus, seeds=tuple(seeds), quality_floor_tail=floor,
+        name=_str(d, "name", "", p.stem), base=base, rate_rps=tr.headline_rps, strategies=tuple(strategies), gpus=gpus,
+        prices=prices, max_gpus=max_gpus, seeds=tuple(seeds), quality_floor_tail=floor,
         teacher_updates_per_month=_num(q, "teacher_updates_per_month", "quality", 1.0, lo=0),
         curve_multipliers=_nums(a, "curve_multipliers", [0.25, 0.5, 1.0, 2.0, 4.0], lo=0, lo_open=True),
         map_utilisation=_nums(a, "map_utilisation", [0.3, 0.5, 0.7, 0.85], lo=0, lo_open=True, hi=5),
         map_acceptance=_nums(a, "map_acceptance", [0.4, 0.6, 0.8], lo=0, hi=0.999),
         shift_tail_shares=_nums(a, "shift_tail_shares", [0.0, 0.2, 0.4, 0.6], lo=0, hi=0.999),
         shift_utilisation=_num(a, "shift_utilisation", "analyses", 0.5, lo=0, lo_open=True, hi=5),
+        traffic=tr, not_applicable=not_applicable, expected_requests=expected, warnings=tuple(warnings),
     )
+
+
+def _strategies(d: dict[str, Any], name: str) -> list[Strategy]:
+    builtin = builtin_strategies()
+    listed = d.get("strategies", ["baseline"])
+    if not isinstance(listed, list) or not listed:
+        raise ConfigError(f"strategies: must be a non-empty list of built-in names or tables, got {listed!r}")
+    out: list[Strategy] = []
+    for i, s in enumerate(listed):
+        if isinstance(s, str):  # a built-in strategy: a variant of the default sweep
+            if s not in builtin:
+                raise unknown("strategy", s, tuple(builtin))
+            out.append(builtin[s])
+            continue
+        if not isinstance(s, dict):
+            raise ConfigError(f"strategies[{i}]: must be a built-in name or a table with name and set, got {s!r}")
+        _check_keys(s, f"strategies[{i}]", STRATEGY_KEYS)
+        sname = _str(s, "name", f"strategies[{i}].")
+        over = s.get("set", {})
+        if not isinstance(over, dict):
+            raise ConfigError(f"strategies[{i}].set: must be a table of dotted overrides, e.g. "
+                              f"set = {{ \"deployment.weights\" = \"fp8\" }}, got {over!r}")
+        out.append(Strategy(sname, dict(over)))
+    names = [s.name for s in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"strategies: the name(s) {dup} appear twice; give each strategy its own name")
+    return out
+
+
+def _applicability(name: str, base: Scenario, strategies: list[Strategy], gpus: tuple[str, ...],
+                   prices: dict[str, float], tr: Traffic) -> dict[tuple[str, str], str]:
+    """(strategy, gpu) pairs that cannot run (fp8 weights without FP8 tensor cores, a model that
+    does not fit), with the reason. A strategy that runs on no GPU of the catalogue (a typo in
+    its overrides, an impossible combination) is an error of the plan file."""
+    bad: dict[tuple[str, str], str] = {}
+    for s in strategies:
+        for g in gpus:
+            try:
+                _scenario(base, s, g, prices, 1, tr.headline_rps, traffic=tr)
+            except ConfigError as err:
+                bad[(s.name, g)] = str(err)
+        if all((s.name, g) in bad for g in gpus) and not _runs_somewhere(base, s, tr):
+            raise ConfigError(f"{name}: strategy '{s.name}': {bad[(s.name, gpus[0])]}")
+    if len(bad) == len(strategies) * len(gpus):
+        first = next(iter(bad.items()))
+        raise ConfigError(f"{name}: no strategy can run on {', '.join(gpus)} (e.g. '{first[0][0]}' on {first[0][1]}: {first[1]})")
+    return bad
+
+
+def _runs_somewhere(base: Scenario, s: Strategy, tr: Traffic) -> bool:
+    for g in sorted(GPUS, key=lambda x: -get_gpu(x).hbm_gib):
+        try:
+            _scenario(base, s, g, {}, 1, tr.headline_rps, traffic=tr)
+            return True
+        except ConfigError:
+            continue
+    return False
 
 
 def _num(d: dict[str, Any], key: str, where: str, default: float, *, lo: float | None = None, hi: float | None = None,
          lo_open: bool = False, integer: bool = False) -> float:
     """A number from a plan table, checked; one-line ConfigError naming the field otherwise."""
     v = d.get(key, default)
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     if ok and integer:
         ok = float(v).is_integer()
     if ok and lo is not None:
@@ -162,7 +463,7 @@ def _num(d: dict[str, Any], key: str, where: str, default: float, *, lo: float |
             rng = f"{'>' if lo_open else '>='} {lo:g}"
         else:
             rng = f"<= {hi:g}" if hi is not None else ""
-        kind = "an integer" if integer else "a number"
+        kind = "an integer" if integer else "a finite number"
         raise ConfigError(f"{where}.{key}: must be {kind}{' ' + rng if rng else ''}, got {v!r}")
     return float(v)
 
@@ -181,14 +482,17 @@ def builtin_strategies() -> dict[str, Strategy]:
 
 
 def _check_reachable(name: str, base: Scenario, strategies: list[Strategy], gpus: tuple[str, ...],
-                     prices: dict[str, float], rate: float, max_gpus: int) -> None:
+                     prices: dict[str, float], rate: float, max_gpus: int,
+                     not_applicable: dict[tuple[str, str], str] | None = None) -> None:
     """Refuse a traffic no allowed rack can carry for any strategy (by measured capacity)."""
     from sim.simulate import capacity
 
     best = 0.0
     for g in gpus:
         for s in strategies:
-            one = _scenario(base, s, g, prices, 1, rate)
+            if (s.name, g) in (not_applicable or {}):
+                continue
+            one = _scenario(base, s, g, prices, 1, None)
             per = gpus_per_replica(one)
             if per > max_gpus:
                 continue
@@ -198,13 +502,15 @@ def _check_reachable(name: str, base: Scenario, strategies: list[Strategy], gpus
                           f"(at most {best:.1f} req/s at saturation); raise search.max_gpus or lower traffic.rate_rps")
 
 
-def _scenario(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], replicas: int, rate: float,
-              teacher_updates: float | None = None) -> Scenario:
-    """The strategy on `replicas` replicas of this GPU type, offered `rate` requests/s."""
+def _scenario(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], replicas: int, rate: float | None,
+              teacher_updates: float | None = None, *, traffic: Traffic | None = None) -> Scenario:
+    """The strategy on `replicas` replicas of this GPU type, offered `rate` requests/s (a trace
+    plan's window replayed at that rate when `traffic` is a trace; None keeps the base's)."""
     # any rack large enough for one replica while the strategy is applied; sized below
     sc = base.with_overrides({**s.overrides, "rack.gpu": gpu, "rack.num_gpus": 4096, "rack.allow_idle_gpus": True})
-    over: dict[str, Any] = {"rack.num_gpus": replicas * gpus_per_replica(sc), "workload.rate_rps": rate,
-                            "rack.allow_idle_gpus": base.rack.allow_idle_gpus}
+    over: dict[str, Any] = {"rack.num_gpus": replicas * gpus_per_replica(sc), "rack.allow_idle_gpus": base.rack.allow_idle_gpus}
+    if rate is not None:
+        over.update(traffic.overrides(rate) if traffic is not None else {"workload.rate_rps": rate})
     if gpu in prices:
         over["rack.usd_per_gpu_hour"] = prices[gpu]
     elif base.rack.usd_per_gpu_hour is not None and gpu == base.rack.gpu:
@@ -217,16 +523,37 @@ def _scenario(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], r
 
 
 def evaluate(sc: Scenario, seeds: tuple[int, ...]) -> dict[str, Any]:
-    """Simulate a rack over seeds; it meets the SLO only if every seed does."""
-    rows = [simulate(sc, seed).summary for seed in seeds]
-    worst = max(rows, key=lambda r: (not r["slo_met"], r["tpot_s"]["p99"]))
+    """Simulate a rack over seeds; it meets the SLO only if every seed's run is stable and meets
+    every target (`slo_met`). The summary kept is the worst seed's: failing first, then the one
+    closest to (or furthest over) its binding target. `itl_samples`: decoding sequence-steps
+    behind its ITL percentiles."""
+    rows = []
+    for seed in seeds:
+        res = simulate(sc, seed)
+        sm = dict(res.summary)
+        wl = sc.workload
+        end = float(res.requests.arrival_s.max()) if wl.num_requests else wl.duration_s
+        st = res.steps[(res.steps.start_s >= wl.warmup_s) & (res.steps.start_s < end)]
+        sm["itl_samples"] = int(st.decode_seqs.sum())
+        rows.append(sm)
+    worst = max(rows, key=lambda r: (not r["slo_met"], _binding(r)[1]))
     return {"meets_slo": all(r["slo_met"] for r in rows), "summary": worst}
 
 
+def _binding(sm: dict[str, Any]) -> tuple[str, float]:
+    """The SLO check closest to (or furthest over) its target: (name, value / target)."""
+    ratios = {k: (c["value"] / c["target"] if c["value"] == c["value"] else math.inf) for k, c in sm["slo"].items()}
+    if not ratios:
+        return "", 0.0
+    k = max(ratios, key=ratios.__getitem__)
+    return k, ratios[k]
+
+
 def min_rack(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], rate: float, max_gpus: int,
-             seeds: tuple[int, ...], teacher_updates: float, start: int = 1) -> dict[str, Any]:
+             seeds: tuple[int, ...], teacher_updates: float, start: int = 1, *,
+             traffic: Traffic | None = None) -> dict[str, Any]:
     """Smallest replica count meeting the SLO at this rate (doubling, then bisection)."""
-    per = gpus_per_replica(_scenario(base, s, gpu, prices, 1, rate))
+    per = gpus_per_replica(_scenario(base, s, gpu, prices, 1, rate, traffic=traffic))
     max_rep = max_gpus // per
     if max_rep < 1:
         return {"feasible": False, "reason": f"one replica needs {per} GPUs > max_gpus {max_gpus}"}
@@ -234,7 +561,7 @@ def min_rack(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], ra
 
     def ok(r: int) -> bool:
         if r not in cache:
-            cache[r] = evaluate(_scenario(base, s, gpu, prices, r, rate, teacher_updates), seeds)
+            cache[r] = evaluate(_scenario(base, s, gpu, prices, r, rate, teacher_updates, traffic=traffic), seeds)
         return cache[r]["meets_slo"]
 
     lo, hi = 0, max(1, min(start, max_rep))  # lo fails (0 replicas always fails), hi to be tested
@@ -262,9 +589,12 @@ def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
              teacher_updates: float | None = None) -> dict[str, Any]:
     """The planning answer for one strategy on one GPU type at one traffic rate."""
     tu = spec.teacher_updates_per_month if teacher_updates is None else teacher_updates
-    r = min_rack(spec.base, s, gpu, spec.prices, rate, spec.max_gpus, spec.seeds, tu, start)
-    row: dict[str, Any] = {"strategy": s.name, "gpu": gpu, "rate_rps": rate, "feasible": r["feasible"],
-                           "evaluations": r.get("evaluations", 0)}
+    row: dict[str, Any] = {"strategy": s.name, "gpu": gpu, "rate_rps": rate}
+    why = spec.not_applicable.get((s.name, gpu))
+    if why is not None:
+        return {**row, "feasible": False, "reason": f"not applicable: {why}", "evaluations": 0}
+    r = min_rack(spec.base, s, gpu, spec.prices, rate, spec.max_gpus, spec.seeds, tu, start, traffic=spec.traffic)
+    row.update(feasible=r["feasible"], evaluations=r.get("evaluations", 0))
     if not r["feasible"]:
         row["reason"] = r["reason"]
         return row
@@ -272,13 +602,18 @@ def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
     price = sm["usd_per_gpu_hour"]
     row.update(
         replicas=r["replicas"], gpus=r["gpus"], one_fewer_meets_slo=r["one_fewer_meets_slo"],
-        ttft_p99_s=sm["ttft_s"]["p99"], tpot_p99_s=sm["tpot_s"]["p99"], tpot_mean_s=sm["tpot_s"]["mean"],
-        e2e_p99_s=sm["e2e_s"]["p99"], mfu=sm["mfu"], mean_batch_size=sm["mean_batch_size"],
+        simulated_rate_rps=sm["offered_rps"], judged_requests=sm["judged_requests"], itl_samples=sm["itl_samples"],
+        verdict=sm["verdict"],
+        ttft_p99_s=sm["ttft_s"]["p99"], tpot_p99_s=sm["tpot_s"]["p99"], itl_p99_s=sm["itl_s"]["p99"],
+        tpot_mean_s=sm["tpot_s"]["mean"], e2e_p99_s=sm["e2e_s"]["p99"], mfu=sm["mfu"], mean_batch_size=sm["mean_batch_size"],
         serving_usd_per_month=r["gpus"] * price * HOURS_PER_MONTH,
         retraining_usd_per_month=sm["retraining_usd_per_month"],
         quality_in_distribution=sm["quality_in_distribution"], quality_tail=sm["quality_tail"],
         usd_per_gpu_hour=price,
     )
+    for key, c in sm["slo"].items():  # every check by name: slo_ttft_p99_s_value, _target, _met
+        row[f"slo_{key}_value"], row[f"slo_{key}_target"], row[f"slo_{key}_met"] = c["value"], c["target"], c["met"]
+    row["binding_slo"] = _binding(sm)[0]
     row["total_usd_per_month"] = row["serving_usd_per_month"] + row["retraining_usd_per_month"]
     row["passes_quality_floor"] = bool(sm["quality_tail"] >= spec.quality_floor_tail)
     return row
@@ -332,7 +667,8 @@ def decision_map(spec: PlanSpec, jobs: int | None = None, gpu: str | None = None
     for u in spec.map_utilisation:
         for a in spec.map_acceptance:
             for s in spec.strategies:
-                tasks.append((spec, s, gpu, u, a, u * cap.rps))
+                if (s.name, gpu) not in spec.not_applicable:
+                    tasks.append((spec, s, gpu, u, a, u * cap.rps))
     cells = pd.DataFrame(_map(_map_cell, tasks, jobs))
     return cells
 
@@ -340,7 +676,8 @@ def decision_map(spec: PlanSpec, jobs: int | None = None, gpu: str | None = None
 def _map_cell(spec: PlanSpec, s: Strategy, gpu: str, u: float, a: float, rate: float) -> dict[str, Any]:
     base = spec.base.with_overrides({"rack.gpu": gpu})
     classes = [dict(c.model_dump(mode="json"), acceptance=a) for c in base.workload.classes]
-    sc = base.with_overrides({**s.overrides, "workload.classes": classes, "workload.rate_rps": rate})
+    at_rate = spec.traffic.overrides(rate) if spec.traffic is not None else {"workload.rate_rps": rate}
+    sc = base.with_overrides({**s.overrides, "workload.classes": classes, **at_rate})
     ev = evaluate(sc, spec.seeds[:1])
     sm = ev["summary"]
     return {"utilisation": u, "acceptance": a, "strategy": s.name, "tpot_mean_s": sm["tpot_s"]["mean"],
@@ -374,22 +711,32 @@ def acceptance_shift(spec: PlanSpec, jobs: int | None = None) -> pd.DataFrame:
     head = [c for c in base.workload.classes if not c.tail]
     if not tail or not head:
         raise ConfigError("acceptance shift needs the base scenario to have an in-distribution class and a tail class (tail = true)")
+    runnable = []  # strategies that run on the base rack's GPU
+    for s in spec.strategies:
+        try:
+            base.with_overrides(s.overrides)
+            runnable.append(s)
+        except ConfigError:
+            continue
+    if not runnable:
+        raise ConfigError(f"acceptance shift: no strategy runs on the base rack's {base.rack.gpu}")
     tasks = []
     for share in spec.shift_tail_shares:
         classes = [dict(head[0].model_dump(mode="json"), share=1.0 - share)]
         if share > 0:
             classes = [dict(head[0].model_dump(mode="json"), share=1.0 - share), dict(tail[0].model_dump(mode="json"), share=share)]
-        for s in spec.strategies:
-            tasks.append((base, s, classes, cap.rps * spec.shift_utilisation, spec.seeds, share))
+        for s in runnable:
+            tasks.append((base, s, classes, cap.rps * spec.shift_utilisation, spec.seeds, share, spec.traffic))
     rows = pd.DataFrame(_map(_shift_cell, tasks, jobs))
-    ref = rows[rows.strategy == spec.strategies[0].name].set_index("tail_share").tpot_mean_s
+    ref = rows[rows.strategy == runnable[0].name].set_index("tail_share").tpot_mean_s
     rows["speedup"] = rows.tail_share.map(ref) / rows.tpot_mean_s
     return rows
 
 
 def _shift_cell(base: Scenario, s: Strategy, classes: list[dict[str, Any]], rate: float, seeds: tuple[int, ...],
-                share: float) -> dict[str, Any]:
-    sc = base.with_overrides({**s.overrides, "workload.classes": classes, "workload.rate_rps": rate})
+                share: float, traffic: Traffic | None = None) -> dict[str, Any]:
+    at_rate = traffic.overrides(rate) if traffic is not None else {"workload.rate_rps": rate}
+    sc = base.with_overrides({**s.overrides, "workload.classes": classes, **at_rate})
     sums = [simulate(sc, seed).summary for seed in seeds]
     return {"strategy": s.name, "tail_share": share, "tpot_mean_s": float(np.mean([x["tpot_s"]["mean"] for x in sums])),
             "acceptance_rate": _nanmean([x["acceptance_rate"] for x in sums])}
@@ -406,7 +753,7 @@ def retraining_table(spec: PlanSpec, answer: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, r in answer[answer.feasible.astype(bool)].iterrows():
         s = next(x for x in spec.strategies if x.name == r.strategy)
-        sc = _scenario(spec.base, s, r.gpu, spec.prices, int(r.replicas), spec.rate_rps)
+        sc = _scenario(spec.base, s, r.gpu, spec.prices, int(r.replicas), spec.rate_rps, traffic=spec.traffic)
         rt = build_runtime(sc)
         for cad, per_month in CADENCES.items():
             if rt.retraining is not None:
@@ -416,6 +763,7 @@ def retraining_table(spec: PlanSpec, answer: pd.DataFrame) -> pd.DataFrame:
             else:
                 retrain, q_tail = 0.0, rt.quality[1]
             rows.append({"strategy": r.strategy, "gpu": r.gpu, "cadence": cad, "teacher_updates_per_month": per_month,
+                         "training_gpu": rt.retraining.training_gpu if rt.retraining else "",
                          "serving_usd_per_month": r.serving_usd_per_month, "retraining_usd_per_month": retrain,
                          "total_usd_per_month": r.serving_usd_per_month + retrain, "quality_tail": q_tail})
     return pd.DataFrame(rows)
@@ -426,10 +774,14 @@ def main_plan(a: Any) -> int:
 
     spec = load_plan(a.plan_file, quick=a.quick)
     out = Path(a.out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a folder; name a folder for plan.csv and report.html")
     out.mkdir(parents=True, exist_ok=True)
-    print(f"plan '{spec.name}': {spec.rate_rps:.2f} req/s, SLO {spec.base.slo.describe()}, "
-          f"{len(spec.strategies)} strategies on {', '.join(spec.gpus)}",
-          file=sys.stderr)
+    print(f"plan '{spec.name}'{' (--quick)' if a.quick else ''}:", file=sys.stderr)
+    for k, v in spec.inputs().items():
+        print(f"  {k}: {v}", file=sys.stderr)
+    for w in spec.warnings:
+        print(f"specrack: {w}", file=sys.stderr)
     answer = run_plan(spec, a.jobs)
     answer.to_csv(out / "plan.csv", index=False)
     tables = {"plan": answer}
@@ -453,12 +805,22 @@ def main_plan(a: Any) -> int:
 
 
 def print_ranked(df: pd.DataFrame) -> None:
-    print(f"{'rank':>4} {'strategy':<24} {'gpu':<10} {'GPUs':>5} {'TTFT p99':>9} {'TPOT p99':>9} "
-          f"{'$/month':>10} {'q in':>6} {'q tail':>6}  floor")
+    """The ranked table: each SLO target's value (its percentile) and the binding check by name."""
+    checks = [c.removeprefix("slo_").removesuffix("_value") for c in df.columns if c.startswith("slo_") and c.endswith("_value")]
+    heads = [f"{c.split('_')[0].upper()} {c.split('_')[1]}" for c in checks]
+    print(f"{'rank':>4} {'strategy':<24} {'gpu':<10} {'GPUs':>5} " + " ".join(f"{h:>10}" for h in heads)
+          + f" {'$/month':>10} {'q in':>6} {'q tail':>6}  floor  {'req/s sim':>9}  binding")
     for i, r in df.iterrows():
         if not r.feasible:
             print(f"{i + 1:>4} {r.strategy:<24} {r.gpu:<10}  infeasible: {r.get('reason', '')}")
             continue
-        print(f"{i + 1:>4} {r.strategy:<24} {r.gpu:<10} {int(r.gpus):>5} {r.ttft_p99_s:>8.2f}s {r.tpot_p99_s * 1e3:>7.1f}ms "
+        vals = " ".join(f"{_fmt_s(r[f'slo_{c}_value']):>10}" for c in checks)
+        b = r.get("binding_slo")
+        binding = f"{b} ({r[f'slo_{b}_value'] / r[f'slo_{b}_target']:.0%} of target)" if isinstance(b, str) and b else "-"
+        print(f"{i + 1:>4} {r.strategy:<24} {r.gpu:<10} {int(r.gpus):>5} {vals} "
               f"{r.total_usd_per_month:>10,.0f} {r.quality_in_distribution:>6.3f} {r.quality_tail:>6.3f}  "
-              f"{'pass' if r.passes_quality_floor else 'FAIL'}")
+              f"{'pass' if r.passes_quality_floor else 'FAIL'}  {r.simulated_rate_rps:>9.2f}  {binding}")
+
+
+def _fmt_s(v: float) -> str:
+    return f"{v:.2f}s" if v >= 1 else f"{v * 1e3:.1f}ms"

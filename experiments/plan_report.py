@@ -88,10 +88,21 @@ def retraining_chart(rt: pd.DataFrame) -> go.Figure:
 
 
 def _table_html(df: pd.DataFrame) -> str:
-    cols = [c for c in ("strategy", "gpu", "gpus", "replicas", "ttft_p99_s", "tpot_p99_s", "serving_usd_per_month",
-                        "retraining_usd_per_month", "total_usd_per_month", "quality_in_distribution", "quality_tail",
-                        "passes_quality_floor", "feasible", "reason") if c in df]
+    """The ranked options: each SLO check by name (value, target, met), the binding one, the
+    simulated rate and the requests behind the percentiles."""
+    checks = [c for c in df.columns if c.startswith("slo_") and c.endswith(("_value", "_target", "_met"))]
+    cols = [c for c in ("strategy", "gpu", "gpus", "replicas", "verdict", *checks, "binding_slo", "simulated_rate_rps",
+                        "judged_requests", "itl_samples", "serving_usd_per_month", "retraining_usd_per_month",
+                        "total_usd_per_month", "quality_in_distribution", "quality_tail", "passes_quality_floor",
+                        "feasible", "reason") if c in df]
     return df[cols].to_html(index=False, float_format=lambda x: f"{x:,.3f}", na_rep="", border=0, classes="plan")
+
+
+def _inputs_html(spec: Any) -> str:
+    """The effective inputs the plan ran with, as a definition list."""
+    items = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in spec.inputs().items())
+    warn = "".join(f'<p class="warn">{html.escape(w)}</p>' for w in spec.warnings)
+    return f'<dl id="inputs">{items}</dl>{warn}'
 
 
 def write_plan_report(spec: Any, tables: dict[str, pd.DataFrame], out: str | Path) -> Path:
@@ -115,11 +126,13 @@ def write_plan_report(spec: Any, tables: dict[str, pd.DataFrame], out: str | Pat
     doc = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>specrack plan: {html.escape(spec.name)}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;color:#222}}
-table.plan{{border-collapse:collapse}} table.plan td,table.plan th{{padding:4px 8px;border-bottom:1px solid #ddd;text-align:right}}</style>
+table.plan{{border-collapse:collapse}} dl#inputs dt{{font-weight:bold;float:left;clear:left;width:11em}}
+dl#inputs dd{{margin-left:12em}} p.warn{{color:#b00;font-weight:bold}} table.plan td,table.plan th{{padding:4px 8px;border-bottom:1px solid #ddd;text-align:right}}</style>
 </head><body>
 <h1>specrack plan: {html.escape(spec.name)}</h1>
 <p>Traffic {spec.rate_rps:.2f} requests/s; SLO {html.escape(spec.base.slo.describe())};
 racks searched with the simulator up to {spec.max_gpus} GPUs; seeds {list(spec.seeds)}; {spec.base.workload.duration_s:.0f} s per run.</p>
+<h2>Inputs</h2>{_inputs_html(spec)}
 <p id="verdict">{verdict}</p>
 <h2>Ranked options</h2>{_table_html(plan)}
 {''.join(parts)}

@@ -53,10 +53,13 @@ def distill_quality(student: str, teacher: str) -> tuple[float, float]:
     return DISTILL_QUALITY.get((student, teacher), (0.85, 0.70))
 
 
-def default_retrain_gpu_hours(student_params: float, teacher_params: float, tokens: float = REDISTILL_TOKENS) -> float:
-    """H100-hours of one re-distillation run, from FLOPs (see REDISTILL_TOKENS)."""
+def default_retrain_gpu_hours(student_params: float, teacher_params: float, tokens: float = REDISTILL_TOKENS,
+                              peak_flops: float = H100_BF16_FLOPS) -> float:
+    """GPU-hours of one re-distillation run, from FLOPs (see REDISTILL_TOKENS), on a training GPU of
+    dense BF16 peak `peak_flops` (default an H100). Assumption: training reaches the same
+    REDISTILL_MFU on every GPU, so the hours scale with the ratio of dense BF16 peaks."""
     flops = (2.0 * teacher_params + 6.0 * student_params) * tokens
-    return flops / (H100_BF16_FLOPS * REDISTILL_MFU) / 3600.0
+    return flops / (peak_flops * REDISTILL_MFU) / 3600.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class Retraining:
     usd_per_gpu_hour: float
     stale_days: float  # days from a teacher update until the new student ships
     stale_quality_loss: float  # extra relative quality lost while stale
+    training_gpu: str = "h100-sxm"  # the GPU the runs train on; usd_per_gpu_hour is its price
 
     @property
     def usd_per_month(self) -> float:

@@ -181,7 +181,7 @@ def capacity(sc: Scenario, *, speculative: bool = False) -> Capacity:
     base = sc if speculative else baseline_of(sc)
     dump = base.model_dump(mode="json")
     key = json.dumps({k: dump[k] for k in ("rack", "deployment", "speculative")}, sort_keys=True)
-    lengths = json.dumps(base.workload.model_dump(mode="json", include={"prompt_tokens", "output_tokens", "arrival", "trace",
+    lengths = json.dumps(base.workload.model_dump(mode="json", include={"prompt_tokens", "output_tokens", "arrival", "trace", "trace_start_s", "trace_end_s",
                                                                           "trace_format", "classes"}), sort_keys=True)
     ck = f"{key}|{lengths}|{base.seed}"
     if ck not in _CAPACITY_CACHE:

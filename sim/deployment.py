@@ -244,11 +244,17 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
         d_in = dist.quality_in_distribution or d_in
         d_tail = dist.quality_tail or d_tail
         q_in, q_tail = q_in * d_in, q_tail * d_tail
-        hours = dist.gpu_hours_per_run
+        # re-distillation runs on its own training GPU at its own price, apart from the serving rack
+        train_gpu = get_gpu(dist.training_gpu)
+        hours = dist.gpu_hours_per_run  # hours on the training GPU
         if hours is None:
             hours = default_retrain_gpu_hours(get_model(dep.model).params_total,
-                                              get_model(dep.distilled_from).params_total)
-        retraining = Retraining(dist.teacher_updates_per_month, hours, price, dist.stale_days, dist.stale_quality_loss)
+                                              get_model(dep.distilled_from).params_total,
+                                              peak_flops=train_gpu.bf16_flops)
+        train_price = (dist.training_usd_per_gpu_hour if dist.training_usd_per_gpu_hour is not None
+                       else train_gpu.usd_per_gpu_hour)
+        retraining = Retraining(dist.teacher_updates_per_month, hours, train_price, dist.stale_days,
+                                dist.stale_quality_loss, train_gpu.name)
     if dep.quality_in_distribution is not None:
         q_in = dep.quality_in_distribution
     if dep.quality_tail is not None:

@@ -113,6 +113,16 @@ class Distillation(_Strict):
     stale_quality_loss: Annotated[float, Field(ge=0, le=1)] = 0.05
     quality_in_distribution: Annotated[float, Field(gt=0, le=1)] | None = None
     quality_tail: Annotated[float, Field(gt=0, le=1)] | None = None
+    # re-distillation runs on a training GPU of its own, priced apart from the serving rack
+    training_gpu: str = "h100-sxm"
+    training_usd_per_gpu_hour: Annotated[float, Field(ge=0)] | None = None  # default: the catalogue's
+
+    @field_validator("training_gpu")
+    @classmethod
+    def _training_gpu(cls, v: str) -> str:
+        if v.lower() not in GPUS:
+            raise unknown("gpu", v, tuple(GPUS))
+        return v.lower()
 
 
 class Deployment(_Strict):
@@ -212,6 +222,10 @@ class Workload(_Strict):
     output_tokens: LengthDist = LogNormal(dist="lognormal", median=129, p90=424)
     trace: str | None = None
     trace_format: Literal["auto", "azure", "mooncake", "csv"] = "auto"
+    # replay only the trace's requests arriving in [trace_start_s, trace_end_s) of its own clock
+    # (before rate scaling), shifted to start at 0; rate_rps still scales by the whole trace's rate
+    trace_start_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    trace_end_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     classes: Annotated[tuple[TrafficClass, ...], Field(strict=False, min_length=1)] = (
         TrafficClass(name="default", share=1.0),)
 
@@ -219,6 +233,10 @@ class Workload(_Strict):
     def _consistent(self) -> Workload:
         if self.arrival == "trace" and not self.trace:
             raise ValueError("arrival 'trace' needs trace = '<path to a trace file>'")
+        if (self.trace_start_s is not None or self.trace_end_s is not None) and self.arrival != "trace":
+            raise ValueError("trace_start_s / trace_end_s select a window of a trace; they need arrival = 'trace'")
+        if self.trace_end_s is not None and self.trace_end_s <= (self.trace_start_s or 0.0):
+            raise ValueError(f"trace_end_s ({self.trace_end_s}) must be after trace_start_s ({self.trace_start_s or 0.0})")
         if self.arrival == "trace" and self.trace and not Path(self.trace).is_file():
             raise ValueError(f"trace file not found: {self.trace} (paths are relative to the scenario file)")
         for name, d in (("prompt_tokens", self.prompt_tokens), ("output_tokens", self.output_tokens)):

@@ -17,7 +17,7 @@ import pandas as pd
 
 from models.errors import ConfigError
 from sim.scenario import Empirical, Fixed, LogNormal, Workload, check_request_count
-from sim.traces import empirical_lengths, load_trace, scale_to_rate
+from sim.traces import empirical_lengths, load_trace, scale_to_rate, trace_rate_rps
 
 STREAMS = ("arrivals", "prompt", "output", "classes", "acceptance", "engine")
 Z90 = 1.2815515655446004  # standard normal 90th percentile
@@ -96,9 +96,15 @@ def generate(wl: Workload, seed: int, rate_rps: float | None) -> pd.DataFrame:
     n = wl.num_requests
     if wl.arrival == "trace":
         assert wl.trace is not None
-        df = load_trace(wl.trace, wl.trace_format)
-        if rate_rps is not None:
-            df = scale_to_rate(df, rate_rps)
+        full = load_trace(wl.trace, wl.trace_format)
+        df = scale_to_rate(full, rate_rps) if rate_rps is not None else full
+        if wl.trace_start_s is not None or wl.trace_end_s is not None:  # a window of the trace's own clock
+            lo = wl.trace_start_s or 0.0
+            hi = wl.trace_end_s if wl.trace_end_s is not None else np.inf
+            keep = ((full.arrival_s >= lo) & (full.arrival_s < hi)).to_numpy()
+            factor = trace_rate_rps(full) / rate_rps if rate_rps is not None else 1.0
+            df = df[keep].reset_index(drop=True)
+            df["arrival_s"] = df.arrival_s - lo * factor
         if n is not None:
             df = df.iloc[:n]
         else:
