@@ -88,7 +88,9 @@ def closed_loop_throughput(sc: Scenario, concurrency: int, seed: int,
     wl = sc.workload.model_copy(update={"num_requests": n, "utilisation": None, "rate_rps": 1.0,
                                         "arrival": "trace" if sc.workload.arrival == "trace" else "poisson"})
     table = generate(wl, seed, None if sc.workload.arrival == "trace" else 1.0)
-    n = len(table)
+    if len(table) < n:  # a short trace (or window): its requests' lengths, resampled with replacement
+        pick = np.random.default_rng(seed).integers(0, len(table), n)
+        table = table.iloc[pick].reset_index(drop=True).assign(id=np.arange(n, dtype=np.int64))
     req, steps, _, _ = run_table(sc, rt, table, seed, concurrency=concurrency, horizon_s=1e12, backlog_limit=10**12)
     done = np.sort(req.completion_s.to_numpy(np.float64))
     k0 = min(n - 2, max(2 * concurrency, n // 5))
@@ -125,8 +127,11 @@ def _sustains(sc: Scenario, rate: float, seed: int) -> bool:
     """Whether an open-loop Poisson run at `rate` for SUSTAIN_CHECK_S stays stable."""
     from sim.simulate import simulate
 
-    run = sc.with_overrides({"workload.rate_rps": rate, "workload.arrival": "poisson", "workload.num_requests": None,
-                             "workload.duration_s": SUSTAIN_CHECK_S, "workload.warmup_s": 60.0})
+    over: dict[str, object] = {"workload.rate_rps": rate, "workload.num_requests": None,
+                               "workload.duration_s": SUSTAIN_CHECK_S, "workload.warmup_s": 60.0}
+    if sc.workload.arrival != "trace":  # a trace keeps its own burstiness, time-scaled to the rate
+        over["workload.arrival"] = "poisson"
+    run = sc.with_overrides(over)
     return bool(simulate(run, seed).summary["stable"])
 
 
