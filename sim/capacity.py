@@ -24,12 +24,11 @@ import json
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
-from scipy.special import ndtri
 
-from sim.deployment import build_runtime, gpus_per_replica
-from sim.scenario import LogNormal, Scenario
-from sim.workload import Z90, LengthSampler, generate
+from sim.deployment import ReplicaRuntime, build_runtime, gpus_per_replica
+from sim.run import run_table
+from sim.scenario import Scenario
+from sim.workload import LengthSampler, generate
 
 # closed-loop populations, as fractions of the rack's batch slots (replicas x max_num_seqs);
 # above 1 the batch is pinned at max_num_seqs (the full-batch throughput)
@@ -39,6 +38,7 @@ MEASURED_COMPLETIONS = 2500  # completions in each closed-loop measurement windo
 COLLAPSE_TOL = 0.03  # a peak more than 3% above the full-batch throughput is a collapse
 SUSTAIN_CHECK_S = 1200.0  # open-loop run length that checks a rate above the full-batch throughput
 SUSTAIN_STEP = 0.03
+CURVE_COLUMNS = ("concurrency", "rps", "tok_s", "mean_batch")
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,17 @@ class Capacity:
     method: str = "closed-loop"
     curve: tuple[tuple[float, float, float, float], ...] = field(default=())
 
-    def as_dict(self, prefix: str = "") -> dict[str, object]:
+    def as_dict(self, prefix: str = "", *, curve: bool = True) -> dict[str, object]:
+        """Flat figures for summary.json and tables (`capacity_rps`, `full_batch_rps`, ...), each
+        name prefixed; with `curve`, also `capacity_curve` as rows of named figures."""
         d: dict[str, object] = {
             f"{prefix}capacity_rps": self.rps, f"{prefix}capacity_tok_s": self.tok_s,
             f"{prefix}full_batch_rps": self.full_batch_rps, f"{prefix}full_batch_tok_s": self.full_batch_tok_s,
             f"{prefix}peak_rps": self.peak_rps, f"{prefix}peak_concurrency": self.peak_concurrency,
             f"{prefix}collapse": self.collapse, f"{prefix}capacity_method": self.method,
         }
+        if curve:
+            d[f"{prefix}capacity_curve"] = [dict(zip(CURVE_COLUMNS, r, strict=True)) for r in self.curve]
         return d
 
 
@@ -73,15 +77,13 @@ def baseline_of(sc: Scenario) -> Scenario:
     return sc.with_overrides({"speculative": None}) if sc.speculative else sc
 
 
-def closed_loop_throughput(sc: Scenario, concurrency: int, seed: int,
-                           completions: int | None = None) -> tuple[float, float, float]:
+def closed_loop_throughput(sc: Scenario, concurrency: int, seed: int, completions: int | None = None,
+                           rt: ReplicaRuntime | None = None) -> tuple[float, float, float]:
     """(req/s, output tok/s, mean batch per replica) of `concurrency` closed-loop clients with the
     scenario's length mix, in steady state: the window starts after the first max(2N, n/5)
     completions (the start-up burst of N prefills has passed) and ends at the last send (after
     it the population shrinks)."""
-    from sim.simulate import run_table
-
-    rt = build_runtime(sc)
+    rt = rt or build_runtime(sc)
     if completions is None:  # small populations step many times per completion: fewer suffice there
         completions = int(np.clip(15 * concurrency, 800, MEASURED_COMPLETIONS))
     n = int(1.25 * (completions + 2 * concurrency))
@@ -91,7 +93,7 @@ def closed_loop_throughput(sc: Scenario, concurrency: int, seed: int,
     if len(table) < n:  # a short trace (or window): its requests' lengths, resampled with replacement
         pick = np.random.default_rng(seed).integers(0, len(table), n)
         table = table.iloc[pick].reset_index(drop=True).assign(id=np.arange(n, dtype=np.int64))
-    req, steps, _, _ = run_table(sc, rt, table, seed, concurrency=concurrency, horizon_s=1e12, backlog_limit=10**12)
+    req, steps, _, _ = run_table(sc, rt, table, seed, concurrency=concurrency, backlog_limit=10**12)
     done = np.sort(req.completion_s.to_numpy(np.float64))
     k0 = min(n - 2, max(2 * concurrency, n // 5))
     t_a = float(done[k0])
@@ -102,30 +104,16 @@ def closed_loop_throughput(sc: Scenario, concurrency: int, seed: int,
     tok_s = float(st.emitted_tokens.sum()) / (t_b - t_a)
     # requests/s from the token rate and the length distribution's own mean (renewal reward): far
     # less noisy than counting completions, whose count swings with the long outputs in the window
-    rps = tok_s / mean_output_tokens(sc, table)
+    mean_out = (float(table.output_tokens.mean()) if sc.workload.arrival == "trace"
+                else LengthSampler(sc.workload.output_tokens, "output_tokens").mean())
     dur = st.duration_s.to_numpy()
     batch = float((st.batch_size.to_numpy() * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0
-    return rps, tok_s, batch
-
-
-def mean_output_tokens(sc: Scenario, table: pd.DataFrame) -> float:
-    """Mean output length of the scenario's traffic: the distribution's mean where it is known in
-    closed form (fixed, lognormal, empirical), else the table's."""
-    wl = sc.workload
-    if wl.arrival == "trace":
-        return float(table.output_tokens.mean())
-    d = wl.output_tokens
-    if isinstance(d, LogNormal):  # rounded and clipped at max as sampled: integrate numerically
-        sigma = np.log(d.p90 / d.median) / Z90
-        q = (np.arange(20000) + 0.5) / 20000
-        x = np.clip(np.rint(np.exp(np.log(d.median) + sigma * ndtri(q))), 1, d.max)
-        return float(x.mean())
-    return LengthSampler(d, "output_tokens").mean()
+    return tok_s / mean_out, tok_s, batch
 
 
 def _sustains(sc: Scenario, rate: float, seed: int) -> bool:
     """Whether an open-loop Poisson run at `rate` for SUSTAIN_CHECK_S stays stable."""
-    from sim.simulate import simulate
+    from sim.simulate import simulate  # a capacity check is itself a run: sim.simulate imports this module
 
     over: dict[str, object] = {"workload.rate_rps": rate, "workload.num_requests": None,
                                "workload.duration_s": SUSTAIN_CHECK_S, "workload.warmup_s": 60.0}
@@ -150,19 +138,18 @@ def measure_capacity(sc: Scenario, seed: int) -> Capacity:
     check on one replica at 1/R of the rate is conservative: a router smooths the arrivals each
     replica sees."""
     one, reps = one_replica(sc)
-    slots = build_runtime(one).max_num_seqs
+    rt = build_runtime(one)
     ladder = LADDER if sc.speculative is not None else LADDER_PLAIN
-    pops = sorted({max(1, round(f * slots)) for f in ladder})
+    pops = sorted({max(1, round(f * rt.max_num_seqs)) for f in ladder})
     curve = []
     for n in pops:
-        rps, tok_s, batch = closed_loop_throughput(one, n, seed)
+        rps, tok_s, batch = closed_loop_throughput(one, n, seed, rt=rt)
         curve.append((float(n * reps), rps * reps, tok_s * reps, batch))
     full = curve[-1]
     peak = max(curve, key=lambda r: r[1])
     collapse = peak[1] > full[1] * (1.0 + COLLAPSE_TOL)
-    cap_rps, cap_tok, method = full[1], full[2], "closed-loop full batch"
-    if peak[1] > full[1]:
-        cap_rps, cap_tok, method = peak[1], peak[2], "closed-loop peak"
+    cap_rps, cap_tok = peak[1], peak[2]
+    method = "closed-loop full batch" if peak is full else "closed-loop peak"
     if collapse:
         # between the full-batch throughput and the peak the healthy regime is metastable: keep the
         # highest rate an open-loop run sustains
@@ -179,16 +166,27 @@ def measure_capacity(sc: Scenario, seed: int) -> Capacity:
 _CAPACITY_CACHE: dict[str, Capacity] = {}  # per process; a pure function of its key
 
 
+def capacity_key(sc: Scenario, *, speculative: bool = False) -> str:
+    """What a capacity depends on: rack, deployment, speculation (unless off), length mix, seed."""
+    base = sc if speculative else baseline_of(sc)
+    dump = base.model_dump(mode="json")
+    wl = base.workload.model_dump(mode="json", include={"prompt_tokens", "output_tokens", "arrival", "trace", "trace_format",
+                                                        "trace_start_s", "trace_end_s", "classes"})
+    return json.dumps({**{k: dump[k] for k in ("rack", "deployment", "speculative", "seed")}, "workload": wl},
+                      sort_keys=True)
+
+
 def capacity(sc: Scenario, *, speculative: bool = False) -> Capacity:
     """Capacity of the scenario's deployment with speculation off (the reference that
     `utilisation` is relative to), or as given with `speculative=True`. Cached per process by
-    what it depends on: rack, deployment, speculation, length mix and seed."""
-    base = sc if speculative else baseline_of(sc)
-    dump = base.model_dump(mode="json")
-    key = json.dumps({k: dump[k] for k in ("rack", "deployment", "speculative")}, sort_keys=True)
-    lengths = json.dumps(base.workload.model_dump(mode="json", include={"prompt_tokens", "output_tokens", "arrival", "trace", "trace_start_s", "trace_end_s",
-                                                                          "trace_format", "classes"}), sort_keys=True)
-    ck = f"{key}|{lengths}|{base.seed}"
-    if ck not in _CAPACITY_CACHE:
-        _CAPACITY_CACHE[ck] = measure_capacity(base, base.seed)
-    return _CAPACITY_CACHE[ck]
+    `capacity_key`."""
+    key = capacity_key(sc, speculative=speculative)
+    if key not in _CAPACITY_CACHE:
+        base = sc if speculative else baseline_of(sc)
+        _CAPACITY_CACHE[key] = measure_capacity(base, base.seed)
+    return _CAPACITY_CACHE[key]
+
+
+def remember(key: str, cap: Capacity) -> None:
+    """Keep a capacity measured elsewhere (a worker process) in this process's cache."""
+    _CAPACITY_CACHE[key] = cap

@@ -1,17 +1,11 @@
 """`simulate(scenario, seed) -> Result`: a run is a pure function; writing is a separate step.
-
-Order at equal simulated times, by construction: arrivals are scheduled URGENT, so a request
-arriving at the instant a step ends is queued before that replica plans its next step; replicas
-at the same instant go in index order (SimPy processes same-time events FIFO).
-"""
+The engine run itself (`run_table`, open or closed loop) is in `sim.run`; capacity in
+`sim.capacity`."""
 
 from __future__ import annotations
 
 import json
 import platform
-import sys
-import time
-from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,16 +13,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import simpy
-from simpy.events import URGENT
 
 from models.catalog import peak_flops
-from models.speculative import acceptance_at_quantile
-from sim.capacity import Capacity, baseline_of  # noqa: F401  (re-exported)
-from sim.deployment import ReplicaRuntime, build_runtime, check_fits
-from sim.engine import STEP_COLUMNS, Replica, Requests, StepLog
+from sim.capacity import Capacity, baseline_of, capacity
+from sim.deployment import ReplicaRuntime, build_runtime
 from sim.metrics import summarise
+from sim.run import run_table
 from sim.scenario import Scenario
-from sim.workload import generate, streams
+from sim.workload import generate
+
+__all__ = ["Capacity", "Result", "baseline_of", "capacity", "capacity_summary", "run_table", "simulate"]
 
 VERSION = "0.1.0"
 
@@ -65,179 +59,6 @@ def versions() -> dict[str, str]:
 
     return {"specrack": VERSION, "python": platform.python_version(), "numpy": np.__version__,
             "simpy": simpy.__version__, "scipy": scipy.__version__, "pandas": pandas.__version__}
-
-
-def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica], router: str,
-              stop: simpy.Event, backlog_limit: int) -> Generator[simpy.Event, Any, None]:
-    """Replay the request table: one URGENT event per distinct arrival time."""
-    n = times.size
-    i = 0
-    rr = 0
-    while i < n:
-        t = times[i]
-        if t > env.now:
-            ev = env.event()
-            ev._ok = True
-            ev._value = None
-            env.schedule(ev, URGENT, t - env.now)
-            yield ev
-        while i < n and times[i] <= env.now:
-            _route(replicas, router, rr).submit(i)
-            rr += 1
-            i += 1
-        if sum(len(r.waiting) for r in replicas) > backlog_limit and not stop.triggered:
-            stop.succeed("backlog")
-            return
-
-
-def _route(replicas: list[Replica], router: str, rr: int) -> Replica:
-    if router == "round_robin":
-        return replicas[rr % len(replicas)]
-    return min(replicas, key=Replica.outstanding)
-
-
-class ClosedLoop:
-    """Closed-loop clients (as `vllm bench serve --max-concurrency N`): `concurrency` clients each
-    send the table's next request when their previous one completes (after an optional think
-    time), so the number of requests in the system stays at `concurrency`. Arrival times are
-    written into the request table as requests are sent."""
-
-    def __init__(self, env: simpy.Environment, reqs: Requests, replicas: list[Replica], router: str,
-                 concurrency: int, think_s: np.ndarray | None = None) -> None:
-        self.env, self.reqs, self.replicas, self.router = env, reqs, replicas, router
-        self.think_s = think_s
-        self.next = 0
-        self.thinks = 0
-        self.rr = 0
-        reqs.on_complete = self._completed
-        env.process(self._start(concurrency))
-
-    def _send(self) -> None:
-        if self.next >= self.reqs.arrival.size:
-            return
-        i = self.next
-        self.next += 1
-        self.reqs.arrival[i] = self.env.now
-        _route(self.replicas, self.router, self.rr).submit(i)
-        self.rr += 1
-
-    def _start(self, concurrency: int) -> Generator[simpy.Event, Any, None]:
-        yield self.env.timeout(0)
-        for _ in range(concurrency):
-            self._send()
-
-    def _after(self, delay: float) -> Generator[simpy.Event, Any, None]:
-        yield self.env.timeout(delay)
-        self._send()
-
-    def _completed(self, count: int) -> None:
-        for _ in range(count):
-            if self.think_s is None:
-                self._send()
-            else:  # one think time per completion, in completion order (never shared between clients)
-                delay = float(self.think_s[self.thinks]) if self.thinks < self.think_s.size else 0.0
-                self.thinks += 1
-                self.env.process(self._after(delay))
-
-
-def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, *,
-              horizon_s: float | None = None, backlog_limit: int | None = None,
-              progress: bool = False, concurrency: int | None = None,
-              think_s: np.ndarray | None = None) -> tuple[pd.DataFrame, pd.DataFrame, bool, float]:
-    """Run the engine over a request table. Returns (requests, steps, truncated, horizon).
-
-    Open loop (default): requests arrive at the table's `arrival_s`. Closed loop (`concurrency`
-    given): the table's arrival times are ignored; `concurrency` clients send its requests in
-    order, each after its previous one completed (plus `think_s[i]` before request i if given)."""
-    wl = sc.workload
-    method = sc.speculative.method if sc.speculative else "draft_model"
-    means = np.array([c.acceptance_for(method) if sc.speculative else 0.0 for c in wl.classes])
-    spreads = np.array([c.acceptance_spread for c in wl.classes])
-    # requests longer than the model (or the KV cache) allows are rejected, as vLLM does
-    check_fits(sc, rt, table.prompt_tokens.to_numpy(), table.output_tokens.to_numpy())  # all rejected: error
-    fits = (table.prompt_tokens + table.output_tokens) <= rt.max_model_len
-    rejected = int((~fits).sum())
-    table = table[fits].reset_index(drop=True)
-    arrival = table.arrival_s.to_numpy(np.float64)
-    cls = table.cls.to_numpy()
-    acc = acceptance_at_quantile(table.accept_q.to_numpy(), means[cls], spreads[cls])
-    reqs = Requests(arrival, table.prompt_tokens.to_numpy(np.int64), table.output_tokens.to_numpy(np.int64), acc)
-    env = simpy.Environment()
-    log = StepLog()
-    engine_rng = streams(seed)["engine"]
-    rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(int(engine_rng.integers(2**63))).spawn(rt.num_replicas)]
-    stop = env.event()
-    limit = backlog_limit if backlog_limit is not None else 20 * rt.max_num_seqs
-    limit *= rt.num_replicas
-    replicas: list[Replica] = []
-    if concurrency is None:
-        env.process(_arrivals(env, arrival, replicas, sc.deployment.router, stop, limit))
-    else:
-        arrival = reqs.arrival = np.full(arrival.size, np.nan)
-        ClosedLoop(env, reqs, replicas, sc.deployment.router, concurrency, think_s)
-    replicas.extend(Replica(env, i, rt, reqs, rngs[i], log) for i in range(rt.num_replicas))
-    last = float(arrival[-1]) if arrival.size and concurrency is None else 0.0
-    drain = sc.sim.drain_s if sc.sim.drain_s is not None else max(wl.duration_s, 600.0)
-    horizon = horizon_s if horizon_s is not None else last + drain
-    if concurrency is not None and horizon_s is None:
-        horizon = 1e12  # a closed loop ends when its requests are done
-    bar = Progress(arrival.size, sc.name) if progress else None
-    done_ev = env.process(_watch_done(env, reqs, bar))
-    env.run(until=simpy.AnyOf(env, [stop, env.timeout(horizon), done_ev]))
-    if bar is not None:
-        bar.close()
-    for r in replicas:
-        r.sync()
-    truncated = stop.triggered
-    req_df = pd.DataFrame({
-        "id": table.id.to_numpy(), "cls": table.cls.to_numpy(), "replica": reqs.replica,
-        "arrival_s": arrival, "scheduled_s": reqs.scheduled, "first_token_s": reqs.first_token,
-        "completion_s": reqs.completion, "prompt_tokens": reqs.prompt, "output_tokens": reqs.output,
-        "generated_tokens": reqs.generated, "preemptions": reqs.preemptions, "acceptance": acc,
-        "draft_proposed": reqs.proposed, "draft_accepted": reqs.accepted, "verify_steps": reqs.verify_steps,
-        "verify_emitted": reqs.verify_emitted,
-    })
-    req_df.attrs["rejected"] = rejected
-    steps = pd.DataFrame(log.table(), columns=list(STEP_COLUMNS))
-    for c in ("replica", "batch_size", "decode_seqs", "k", "kv_blocks_used", "waiting"):
-        steps[c] = steps[c].astype(np.int64)
-    return req_df, steps, truncated, float(env.now)
-
-
-def _watch_done(env: simpy.Environment, reqs: Requests,
-                progress: Progress | None = None) -> Generator[simpy.Event, Any, None]:
-    """Ends the run once every request has completed (checked once per simulated second), and
-    drives the progress bar (share of requests completed) when one is given."""
-    total = reqs.completion.size
-    while True:
-        yield env.timeout(1.0)
-        if progress is not None:
-            progress.update(reqs.n_done)
-        if reqs.n_done >= total:
-            return
-
-
-class Progress:
-    """A progress bar on stderr that appears only once a run has taken more than `after_s`."""
-
-    def __init__(self, total: int, label: str, after_s: float = 3.0) -> None:
-        self.total, self.label, self.after_s = total, label, after_s
-        self.t0 = time.perf_counter()
-        self.last = 0.0
-        self.shown = False
-
-    def update(self, done: int) -> None:
-        el = time.perf_counter() - self.t0
-        if el < self.after_s or (el - self.last < 0.5 and done < self.total):
-            return
-        self.shown, self.last = True, el
-        frac = done / max(1, self.total)
-        sys.stderr.write(f"\r{self.label} [{'#' * int(30 * frac):<30}] {done}/{self.total} requests, {el:.0f}s")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")
 
 
 def offered_rate(sc: Scenario) -> float | None:
@@ -318,19 +139,7 @@ def capacity_summary(sc: Scenario) -> dict[str, Any]:
     [speculative] table also `speculative_capacity_rps` (peak sustainable rate),
     `speculative_full_batch_rps` (the collapse figure), `speculative_peak_rps`, ...; and the
     closed-loop curve behind each."""
-    c = capacity(sc)
-    out: dict[str, Any] = c.as_dict()
-    out["capacity_curve"] = [dict(zip(("concurrency", "rps", "tok_s", "mean_batch"), r, strict=True)) for r in c.curve]
+    out: dict[str, Any] = capacity(sc).as_dict()
     if sc.speculative is not None:
-        cs = capacity(sc, speculative=True)
-        out.update(cs.as_dict("speculative_"))
-        out["speculative_capacity_curve"] = [dict(zip(("concurrency", "rps", "tok_s", "mean_batch"), r, strict=True))
-                                             for r in cs.curve]
+        out.update(capacity(sc, speculative=True).as_dict("speculative_"))
     return out
-
-
-def capacity(sc: Scenario, *, speculative: bool = False) -> Capacity:
-    """See `sim.capacity.capacity` (kept here for callers of the run API)."""
-    from sim.capacity import capacity as _capacity
-
-    return _capacity(sc, speculative=speculative)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy.special import ndtri
 
 from models.errors import ConfigError
 from sim.scenario import Empirical, Fixed, LogNormal, Workload, check_request_count
@@ -21,6 +22,7 @@ from sim.traces import empirical_lengths, load_trace, scale_to_rate, trace_rate_
 
 STREAMS = ("arrivals", "prompt", "output", "classes", "acceptance", "engine")
 Z90 = 1.2815515655446004  # standard normal 90th percentile
+MEAN_QUANTILES = 20_000  # midpoint quantiles that integrate a rounded, clipped lognormal's mean
 
 
 def streams(seed: int) -> dict[str, np.random.Generator]:
@@ -33,7 +35,7 @@ def streams(seed: int) -> dict[str, np.random.Generator]:
 
 @dataclass(frozen=True)
 class LengthSampler:
-    """A length distribution that knows its own mean (before rounding and clipping)."""
+    """A length distribution that knows the mean of what it samples."""
 
     dist: Fixed | LogNormal | Empirical
     column: str = "prompt_tokens"  # the trace column an empirical distribution samples
@@ -53,9 +55,10 @@ class LengthSampler:
         d = self.dist
         if isinstance(d, Fixed):
             return float(d.value)
-        if isinstance(d, LogNormal):
+        if isinstance(d, LogNormal):  # of the lengths as sampled, rounded and clipped to [1, max]
             sigma = np.log(d.p90 / d.median) / Z90
-            return float(d.median * np.exp(sigma**2 / 2))
+            q = (np.arange(MEAN_QUANTILES) + 0.5) / MEAN_QUANTILES
+            return float(np.clip(np.rint(d.median * np.exp(sigma * ndtri(q))), 1, d.max).mean())
         return float(np.mean(empirical_lengths(d.trace, self.column, d.format)))
 
 

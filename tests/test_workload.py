@@ -90,6 +90,8 @@ def test_lognormal_respects_max():
     wl = _wl(num_requests=20_000, prompt_tokens={"dist": "lognormal", "median": 1000, "p90": 5000, "max": 3000})
     x = generate(wl, seed=1, rate_rps=1.0).prompt_tokens
     assert x.max() == 3000 and x.min() >= 1
+    # the mean capacity uses is that of the clipped lengths (1346; the unclipped lognormal's is 2200)
+    assert x.mean() == pytest.approx(LengthSampler(wl.prompt_tokens).mean(), rel=0.02)
 
 
 def test_fixed_lengths():
