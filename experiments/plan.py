@@ -525,17 +525,8 @@ def _scenario(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], r
 def evaluate(sc: Scenario, seeds: tuple[int, ...]) -> dict[str, Any]:
     """Simulate a rack over seeds; it meets the SLO only if every seed's run is stable and meets
     every target (`slo_met`). The summary kept is the worst seed's: failing first, then the one
-    closest to (or furthest over) its binding target. `itl_samples`: decoding sequence-steps
-    behind its ITL percentiles."""
-    rows = []
-    for seed in seeds:
-        res = simulate(sc, seed)
-        sm = dict(res.summary)
-        wl = sc.workload
-        end = float(res.requests.arrival_s.max()) if wl.num_requests else wl.duration_s
-        st = res.steps[(res.steps.start_s >= wl.warmup_s) & (res.steps.start_s < end)]
-        sm["itl_samples"] = int(st.decode_seqs.sum())
-        rows.append(sm)
+    closest to (or furthest over) its binding target."""
+    rows = [simulate(sc, seed).summary for seed in seeds]
     worst = max(rows, key=lambda r: (not r["slo_met"], _binding(r)[1]))
     return {"meets_slo": all(r["slo_met"] for r in rows), "summary": worst}
 

@@ -90,76 +90,76 @@ def trend(batch_means: np.ndarray) -> tuple[float, float, float]:
     return slope * (b - 1), float(t), first
 
 
+def _in_system_trend(req: pd.DataFrame, start_s: float, end_s: float) -> tuple[float, float, float]:
+    """Trend (growth, t, first-half mean) of requests in system over [start_s, end_s), sampled
+    40 times per batch."""
+    k = TREND_BATCHES * 40
+    times = start_s + (np.arange(k) + 0.5) * (end_s - start_s) / k
+    return trend(in_system(req, times).reshape(TREND_BATCHES, 40).mean(axis=1))
+
+
+def _ttft_trend(m: pd.DataFrame, start_s: float, end_s: float) -> tuple[float, float, float]:
+    """Trend of mean TTFT by arrival time over [start_s, end_s); NaNs when a batch is empty."""
+    nan = (float("nan"),) * 3
+    if len(m) < 2 * TREND_BATCHES:
+        return nan
+    ttft = (m.first_token_s - m.arrival_s).to_numpy(np.float64)
+    which = ((m.arrival_s.to_numpy() - start_s) / (end_s - start_s) * TREND_BATCHES).astype(np.int64)
+    which = np.minimum(which, TREND_BATCHES - 1)
+    counts = np.bincount(which, minlength=TREND_BATCHES)
+    if not (counts > 0).all():
+        return nan
+    return trend(np.bincount(which, weights=ttft, minlength=TREND_BATCHES) / counts)
+
+
 def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bool) -> dict[str, Any]:
     """The stability verdict of a run: 'stable', 'overloaded' or 'insufficient' (docs/METRICS.md).
 
     Overloaded: stopped early on the backlog limit, requests left unfinished at the horizon, or a
-    significant upward trend over the window in requests in system (waiting + running, from the
-    request table) or in TTFT (by arrival time). A trend is significant when the least-squares
-    slope over TREND_BATCHES batch means has t > TREND_T and grows by more than TREND_REL of the
-    first half's mean (plus a small absolute floor); neither bound grows with the window.
-    Insufficient: fewer than MIN_JUDGED_REQUESTS requests measured."""
-    window = end_s - warmup_s
+    significant upward trend in requests in system (waiting + running, from the request table)
+    or in TTFT (by arrival time). A trend is significant when the least-squares slope over
+    TREND_BATCHES batch means has t > TREND_T and grows by more than TREND_REL of the first half's
+    mean (plus a small absolute floor); neither bound grows with the window. The system starts
+    empty, so requests in system ramp up over a few request lifetimes at any load: their trend is
+    judged from SETTLE_LIFETIMES mean service lifetimes (scheduled to completion, so queueing in an
+    overload does not stretch them) on, over at least JUDGE_LIFETIMES of them, else the run is too
+    short. TTFT (queueing) does not ramp up that way and is judged over the whole window.
+    Insufficient: too short, or fewer than MIN_JUDGED_REQUESTS requests measured."""
     done = req.completion_s.notna()
     meas = (req.arrival_s >= warmup_s) & (req.arrival_s < end_s)
-    n_meas = int((meas & done).sum())
-    out: dict[str, Any] = {"backlog": int((~done).sum()), "judged_requests": n_meas}
-    growth_l = t_l = mean_l = growth_t = t_t = mean_t = float("nan")
-    over_l = over_t = False
-    # the system starts empty: requests in system ramp up over a few request lifetimes (tau = mean
-    # E2E) whatever the load, so their trend is judged only from SETTLE_LIFETIMES x tau on, and
-    # only over a stretch of at least JUDGE_LIFETIMES x tau
-    # (service lifetimes, scheduled to completion: queueing in an overload must not stretch them)
-    lifetimes = (req.completion_s - req.scheduled_s)[meas & done]
-    tau = float(lifetimes.mean()) if len(lifetimes) else 0.0
+    m = req[meas & done]
+    tau = float((m.completion_s - m.scheduled_s).mean()) if len(m) else 0.0
     settle = max(warmup_s, SETTLE_LIFETIMES * tau)
     short = end_s - settle < JUDGE_LIFETIMES * tau
-    out["settle_s"] = settle
-    if window > 0:
-        if not short:
-            span = end_s - settle
-            times = settle + (np.arange(TREND_BATCHES * 40) + 0.5) * span / (TREND_BATCHES * 40)
-            l_means = in_system(req, times).reshape(TREND_BATCHES, 40).mean(axis=1)
-            growth_l, t_l, mean_l = trend(l_means)
-            over_l = bool(t_l > TREND_T and growth_l > max(TREND_REL * mean_l, 2.0))
-        # TTFT by arrival time over the whole window: queueing, unlike the running set, does not
-        # ramp up from an empty start by more than a step or two
-        m = req[meas & done]
-        if len(m) >= 2 * TREND_BATCHES:
-            ttft = (m.first_token_s - m.arrival_s).to_numpy(np.float64)
-            which = np.minimum(((m.arrival_s.to_numpy() - warmup_s) / window * TREND_BATCHES).astype(np.int64),
-                               TREND_BATCHES - 1)
-            counts = np.bincount(which, minlength=TREND_BATCHES)
-            if (counts > 0).all():
-                t_means = np.bincount(which, weights=ttft, minlength=TREND_BATCHES) / counts
-                growth_t, t_t, mean_t = trend(t_means)
-                over_t = bool(t_t > TREND_T and growth_t > max(TREND_REL * mean_t, 0.25))
-    out.update(in_system_mean=float(mean_l), in_system_growth=float(growth_l), in_system_trend_t=float(t_l),
-               ttft_growth_s=float(growth_t), ttft_trend_t=float(t_t))
+    nan = (float("nan"),) * 3
+    growth_l, t_l, mean_l = _in_system_trend(req, settle, end_s) if end_s > warmup_s and not short else nan
+    growth_t, t_t, mean_t = _ttft_trend(m, warmup_s, end_s) if end_s > warmup_s else nan
+    over_l = t_l > TREND_T and growth_l > max(TREND_REL * mean_l, 2.0)  # NaN compares False
+    over_t = t_t > TREND_T and growth_t > max(TREND_REL * mean_t, 0.25)
+    backlog = int((~done).sum())
     reasons = []
     if truncated:
         reasons.append("stopped at the backlog limit")
-    if out["backlog"]:
-        reasons.append(f"{out['backlog']} requests unfinished at the horizon")
+    if backlog:
+        reasons.append(f"{backlog} requests unfinished at the horizon")
     if over_l:
         reasons.append(f"requests in system grew by {growth_l:.0f} over the window (mean {mean_l:.0f} in its first half)")
     if over_t:
         reasons.append(f"TTFT grew by {growth_t:.2f} s over the window (mean {mean_t:.2f} s in its first half)")
     if reasons:
         verdict = "overloaded"
-    elif short and n_meas:
+    elif short and len(m):
         verdict = "insufficient"
         reasons.append(f"run too short to judge: {end_s - settle:.0f} s after settling ({settle:.0f} s) is under "
                        f"{JUDGE_LIFETIMES:g} request lifetimes ({tau:.1f} s each); lengthen duration_s")
-    elif n_meas < MIN_JUDGED_REQUESTS:
+    elif len(m) < MIN_JUDGED_REQUESTS:
         verdict = "insufficient"
-        reasons.append(f"only {n_meas} requests measured (at least {MIN_JUDGED_REQUESTS} needed to judge)")
+        reasons.append(f"only {len(m)} requests measured (at least {MIN_JUDGED_REQUESTS} needed to judge)")
     else:
         verdict = "stable"
-    out["verdict"] = verdict
-    out["verdict_reason"] = "; ".join(reasons)
-    out["stable"] = verdict == "stable"
-    return out
+    return {"backlog": backlog, "judged_requests": len(m), "settle_s": settle, "in_system_mean": mean_l,
+            "in_system_growth": growth_l, "in_system_trend_t": t_l, "ttft_growth_s": growth_t, "ttft_trend_t": t_t,
+            "verdict": verdict, "verdict_reason": "; ".join(reasons), "stable": verdict == "stable"}
 
 
 def slo_checks(s: dict[str, Any], targets: dict[str, float]) -> dict[str, dict[str, float | bool]]:
@@ -188,6 +188,7 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     # ITL as vLLM's benchmark measures it: the gap between successive streamed chunks of a request;
     # with steps back to back, a decoding sequence waits one step duration per chunk
     s["itl_s"] = dist(st.duration_s.to_numpy(), st.decode_seqs.to_numpy())
+    s["itl_samples"] = int(st.decode_seqs.sum())  # streamed-chunk gaps behind those percentiles
     s["e2e_s"] = dist(m.e2e_s.to_numpy())
     s["queue_s"] = dist(m.queue_s.to_numpy())
     offered = int(meas.sum())
