@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from experiments.sweep import Variant, default_sweep_path
+from experiments.sweep import Variant, check_distinct, default_sweep_path, parse_variant
 from models.catalog import GPUS, get_gpu
 from models.errors import ConfigError, unknown
 from sim.deployment import build_runtime, gpus_per_replica
@@ -138,7 +138,6 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "slo": SLO_KEYS,
 }
 QUICK_SECTIONS = ("traffic", "search", "quality", "analyses", "slo")
-STRATEGY_KEYS = ("name", "set")
 MIN_JUDGED = 500  # fewer measured requests than this make a p99 too noisy to buy hardware on
 MAX_RATE_SHIFT = 0.10  # --quick may not move the simulated rate further than this from the plan's
 
@@ -365,7 +364,7 @@ def load_plan(path: str | Path, quick: bool = False) -> PlanSpec:
         raise ConfigError(f"search.seeds: must be a non-empty list of integers >= 0, got {seeds!r}")
     if len(set(seeds)) != len(seeds):
         raise ConfigError(f"search.seeds: lists a seed twice: {seeds!r}")
-    strategies = _strategies(d, p.name)
+    strategies = _strategies(d)
     not_applicable = _applicability(p.name, base, strategies, gpus, prices, tr)
     _check_reachable(p.name, base, strategies, gpus, prices, tr.headline_rps, max_gpus, not_applicable)
     floor = _num(q, "floor_tail", "quality", 0.0, lo=0, hi=1)
@@ -387,31 +386,21 @@ def load_plan(path: str | Path, quick: bool = False) -> PlanSpec:
     )
 
 
-def _strategies(d: dict[str, Any], name: str) -> list[Strategy]:
+def _strategies(d: dict[str, Any]) -> list[Strategy]:
+    """The plan's strategies: built-in names (variants of the default sweep) or name/set tables."""
     builtin = builtin_strategies()
     listed = d.get("strategies", ["baseline"])
     if not isinstance(listed, list) or not listed:
         raise ConfigError(f"strategies: must be a non-empty list of built-in names or tables, got {listed!r}")
     out: list[Strategy] = []
     for i, s in enumerate(listed):
-        if isinstance(s, str):  # a built-in strategy: a variant of the default sweep
+        if isinstance(s, str):
             if s not in builtin:
                 raise unknown("strategy", s, tuple(builtin))
             out.append(builtin[s])
-            continue
-        if not isinstance(s, dict):
-            raise ConfigError(f"strategies[{i}]: must be a built-in name or a table with name and set, got {s!r}")
-        _check_keys(s, f"strategies[{i}]", STRATEGY_KEYS)
-        sname = _str(s, "name", f"strategies[{i}].")
-        over = s.get("set", {})
-        if not isinstance(over, dict):
-            raise ConfigError(f"strategies[{i}].set: must be a table of dotted overrides, e.g. "
-                              f"set = {{ \"deployment.weights\" = \"fp8\" }}, got {over!r}")
-        out.append(Strategy(sname, dict(over)))
-    names = [s.name for s in out]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ConfigError(f"strategies: the name(s) {dup} appear twice; give each strategy its own name")
+        else:
+            out.append(parse_variant(s, f"strategies[{i}]"))
+    check_distinct(out, "strategies")
     return out
 
 

@@ -83,24 +83,45 @@ def _table(p: Path, field: str, value: Any) -> dict[str, Any]:
     return dict(value)
 
 
+def parse_variant(item: Any, where: str) -> Variant:
+    """One `{name = ..., set = {...}}` table as a Variant (sweep variants and plan strategies alike),
+    with a one-line ConfigError naming `where` (e.g. `variants[2]`) for any other shape."""
+    import difflib
+
+    if not isinstance(item, dict) or "name" not in item:
+        raise ConfigError(f"{where}: needs a name (a table with name and optionally set = {{...}}), got {item!r}")
+    for key in item:
+        if key not in ("name", "set"):
+            near = difflib.get_close_matches(str(key), ("name", "set"), n=1, cutoff=0.6)
+            hint = f"; did you mean '{near[0]}'?" if near else ""
+            raise ConfigError(f"{where}: unknown field '{key}'{hint} (allowed: name, set)")
+    name = item["name"]
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{where}.name: must be a non-empty string, got {name!r}")
+    over = item.get("set", {})
+    if not isinstance(over, dict):
+        raise ConfigError(f"{where}.set: must be a table of dotted overrides, e.g. "
+                          f'set = {{ "deployment.weights" = "fp8" }}, got {over!r}')
+    return Variant(name, dict(over))
+
+
+def check_distinct(variants: list[Variant], what: str) -> None:
+    names = [v.name for v in variants]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"{what}: the name(s) {dup} appear twice; names must be distinct")
+
+
 def parse_variants(p: Path, items: Any, what: str = "variants") -> list[Variant]:
     """`[[variants]]` tables (name, set) as Variants, with one-line errors for any other shape."""
     if not isinstance(items, list) or not items:
         raise ConfigError(f"{p.name}: {what} must be a non-empty list of [[{what}]] tables with a name "
                           "(and optionally set = {...}), got " + repr(items))
-    out = []
-    for i, v in enumerate(items):
-        if not isinstance(v, dict) or "name" not in v:
-            raise ConfigError(f"{p.name}: {what}[{i}] needs a name")
-        if not isinstance(v["name"], str) or not v["name"].strip():
-            raise ConfigError(f"{p.name}: {what}[{i}]: name must be a non-empty string, got {v['name']!r}")
-        extra_v = set(v) - {"name", "set"}
-        if extra_v:
-            raise ConfigError(f"{p.name}: {what}[{i}] '{v['name']}': unknown field(s) {sorted(extra_v)} (allowed: name, set)")
-        out.append(Variant(v["name"], _table(p, f"{what}[{i}] '{v['name']}': set", v.get("set", {}))))
-    names = [v.name for v in out]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"{p.name}: {what} names must be distinct, got {names}")
+    try:
+        out = [parse_variant(v, f"{what}[{i}]") for i, v in enumerate(items)]
+        check_distinct(out, what)
+    except ConfigError as err:
+        raise ConfigError(f"{p.name}: {err}") from None
     return out
 
 
@@ -120,19 +141,16 @@ def load_sweep(path: str | Path | None = None, quick: bool = False) -> SweepSpec
     utils = d["utilisation"]
     seeds = d.get("seeds", [1])
     base_set = _table(p, "set", d.get("set", {}))
-    if quick and "quick" in d:
-        q = d["quick"]
-        if not isinstance(q, dict):
-            raise ConfigError(f"{p.name}: quick must be a table (utilisation, seeds, set), got {q!r}")
-        extra_q = set(q) - {"utilisation", "seeds", "set"}
-        if extra_q:
-            raise ConfigError(f"{p.name}: quick: unknown field(s) {sorted(extra_q)} (allowed: utilisation, seeds, set)")
+    q = d.get("quick", {})  # checked whether or not --quick applies it
+    if not isinstance(q, dict):
+        raise ConfigError(f"{p.name}: quick must be a table (utilisation, seeds, set), got {q!r}")
+    extra_q = set(q) - {"utilisation", "seeds", "set"}
+    if extra_q:
+        raise ConfigError(f"{p.name}: quick: unknown field(s) {sorted(extra_q)} (allowed: utilisation, seeds, set)")
+    if quick:
         utils = q.get("utilisation", utils)
         seeds = q.get("seeds", seeds)
         base_set.update(_table(p, "quick.set", q.get("set", {})))
-    elif isinstance(d.get("quick"), dict) and set(d["quick"]) - {"utilisation", "seeds", "set"}:
-        raise ConfigError(f"{p.name}: quick: unknown field(s) {sorted(set(d['quick']) - {'utilisation', 'seeds', 'set'})} "
-                          "(allowed: utilisation, seeds, set)")
     utils_t = _numbers(p, "utilisation", utils, integer=False)
     seeds_t = _numbers(p, "seeds", seeds, integer=True)
     base_path = (p.parent / d["base"]).resolve()
