@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from models.errors import ConfigError
-from sim.capacity import Capacity, baseline_of
+from sim.capacity import Capacity, baseline_of, capacity_key, remember
 from sim.scenario import Scenario, load_scenario, read_toml
 from sim.simulate import capacity, simulate
 
@@ -216,26 +216,31 @@ def _own_capacity(sc: Scenario) -> Capacity:
 
 
 def plan_points(spec: SweepSpec, jobs: int | None = 1) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """All (variant, utilisation, seed) tasks, and each variant's own capacity (measured in
-    parallel processes when `jobs` allows): peak sustainable rate, full-batch throughput, peak
-    and the closed-loop curve behind them."""
+    """All (variant, utilisation, seed) tasks, and each variant's own capacity (peak sustainable
+    rate, full-batch throughput, peak and the closed-loop curve behind them). Each distinct
+    deployment is measured once (the reference and the baseline variant are one), in parallel
+    processes when `jobs` allows."""
     by_name = {v.name: v for v in spec.variants}
     ref_sc = spec.base.with_overrides(by_name[spec.reference].overrides)
     scs = [spec.base.with_overrides(v.overrides) for v in spec.variants]
-    todo = [baseline_of(ref_sc), *scs]
+    ref_key = capacity_key(ref_sc)
+    keys = [capacity_key(sc, speculative=True) for sc in scs]
+    todo = dict(zip(keys, scs, strict=True))
+    todo.setdefault(ref_key, baseline_of(ref_sc))
     workers = min(jobs or os.cpu_count() or 1, len(todo))
     if workers > 1:
         with cf.ProcessPoolExecutor(max_workers=workers, initializer=_die_with_parent, initargs=(os.getpid(),)) as ex:
-            measured = list(ex.map(_own_capacity, todo))
+            measured = dict(zip(todo, ex.map(_own_capacity, todo.values()), strict=True))
     else:
-        measured = [_own_capacity(sc) for sc in todo]
-    ref_cap = measured[0]
+        measured = {k: _own_capacity(sc) for k, sc in todo.items()}
+    for k, c in measured.items():
+        remember(k, c)
+    ref_cap = measured[ref_key]
     caps: dict[str, dict[str, Any]] = {}
     tasks = []
-    for v, sc_v, own in zip(spec.variants, scs, measured[1:], strict=True):
-        caps[v.name] = {"capacity_rps": own.rps, "capacity_tok_s": own.tok_s, "reference_capacity_rps": ref_cap.rps,
-                        "full_batch_rps": own.full_batch_rps, "peak_rps": own.peak_rps,
-                        "peak_concurrency": own.peak_concurrency, "collapse": own.collapse,
+    for v, sc_v, key in zip(spec.variants, scs, keys, strict=True):
+        own = measured[key]
+        caps[v.name] = {**own.as_dict(curve=False), "reference_capacity_rps": ref_cap.rps,
                         "curve": [list(r) for r in own.curve]}
         for u in spec.utilisation:
             sc = sc_v.with_overrides({"workload.rate_rps": u * ref_cap.rps})
