@@ -29,7 +29,7 @@ from experiments.sweep import Variant, check_distinct, default_sweep_path, parse
 from models.catalog import GPUS, get_gpu
 from models.errors import ConfigError, unknown
 from sim.deployment import build_runtime, gpus_per_replica
-from sim.scenario import SLO_KEYS, Scenario, load_scenario, read_toml, slo_key_hint
+from sim.scenario import SLO_KEYS, Scenario, gpu_name, load_scenario, read_toml, slo_key_hint
 from sim.simulate import simulate
 from sim.traces import load_trace, trace_rate_rps
 
@@ -339,16 +339,11 @@ def load_plan(path: str | Path, quick: bool = False) -> PlanSpec:
     # retraining runs on its own training GPU, priced apart from the serving rack
     train: dict[str, Any] = {}
     if "training_gpu" in q:
-        train["deployment.distillation.training_gpu"] = _str(q, "training_gpu", "quality.")
-        if train["deployment.distillation.training_gpu"].lower() not in GPUS:
-            raise unknown("gpu", q["training_gpu"], tuple(GPUS))
+        train["deployment.distillation.training_gpu"] = gpu_name(_str(q, "training_gpu", "quality."))
     if "training_usd_per_gpu_hour" in q:
         train["deployment.distillation.training_usd_per_gpu_hour"] = _positive(q, "training_usd_per_gpu_hour", "quality")
     base = base.with_overrides({**train, **tr.overrides(tr.headline_rps)})
-    gpus = tuple(g.lower() for g in _strings(search, "gpus", "search", [base.rack.gpu]))
-    for g in gpus:
-        if g not in GPUS:
-            raise unknown("gpu", g, tuple(GPUS))
+    gpus = tuple(gpu_name(g) for g in _strings(search, "gpus", "search", [base.rack.gpu]))
     prices_in = search.get("usd_per_gpu_hour", {})
     if not isinstance(prices_in, dict):
         raise ConfigError(f"search.usd_per_gpu_hour: must be a table of prices by GPU, e.g. {{ {gpus[0]} = 2.5 }}, got {prices_in!r}")
@@ -491,6 +486,12 @@ def _check_reachable(name: str, base: Scenario, strategies: list[Strategy], gpus
                           f"(at most {best:.1f} req/s at saturation); raise search.max_gpus or lower traffic.rate_rps")
 
 
+def at_rate(traffic: Traffic | None, rate: float) -> dict[str, Any]:
+    """Workload overrides offering `rate` req/s: the plan's traffic (a trace window, time-scaled)
+    or, without one, a plain rate."""
+    return traffic.overrides(rate) if traffic is not None else {"workload.rate_rps": rate}
+
+
 def _scenario(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], replicas: int, rate: float | None,
               teacher_updates: float | None = None, *, traffic: Traffic | None = None) -> Scenario:
     """The strategy on `replicas` replicas of this GPU type, offered `rate` requests/s (a trace
@@ -499,7 +500,7 @@ def _scenario(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], r
     sc = base.with_overrides({**s.overrides, "rack.gpu": gpu, "rack.num_gpus": 4096, "rack.allow_idle_gpus": True})
     over: dict[str, Any] = {"rack.num_gpus": replicas * gpus_per_replica(sc), "rack.allow_idle_gpus": base.rack.allow_idle_gpus}
     if rate is not None:
-        over.update(traffic.overrides(rate) if traffic is not None else {"workload.rate_rps": rate})
+        over.update(at_rate(traffic, rate))
     if gpu in prices:
         over["rack.usd_per_gpu_hour"] = prices[gpu]
     elif base.rack.usd_per_gpu_hour is not None and gpu == base.rack.gpu:
@@ -656,8 +657,7 @@ def decision_map(spec: PlanSpec, jobs: int | None = None, gpu: str | None = None
 def _map_cell(spec: PlanSpec, s: Strategy, gpu: str, u: float, a: float, rate: float) -> dict[str, Any]:
     base = spec.base.with_overrides({"rack.gpu": gpu})
     classes = [dict(c.model_dump(mode="json"), acceptance=a) for c in base.workload.classes]
-    at_rate = spec.traffic.overrides(rate) if spec.traffic is not None else {"workload.rate_rps": rate}
-    sc = base.with_overrides({**s.overrides, "workload.classes": classes, **at_rate})
+    sc = base.with_overrides({**s.overrides, "workload.classes": classes, **at_rate(spec.traffic, rate)})
     ev = evaluate(sc, spec.seeds[:1])
     sm = ev["summary"]
     return {"utilisation": u, "acceptance": a, "strategy": s.name, "tpot_mean_s": sm["tpot_s"]["mean"],
@@ -715,8 +715,7 @@ def acceptance_shift(spec: PlanSpec, jobs: int | None = None) -> pd.DataFrame:
 
 def _shift_cell(base: Scenario, s: Strategy, classes: list[dict[str, Any]], rate: float, seeds: tuple[int, ...],
                 share: float, traffic: Traffic | None = None) -> dict[str, Any]:
-    at_rate = traffic.overrides(rate) if traffic is not None else {"workload.rate_rps": rate}
-    sc = base.with_overrides({**s.overrides, "workload.classes": classes, **at_rate})
+    sc = base.with_overrides({**s.overrides, "workload.classes": classes, **at_rate(traffic, rate)})
     sums = [simulate(sc, seed).summary for seed in seeds]
     return {"strategy": s.name, "tail_share": share, "tpot_mean_s": float(np.mean([x["tpot_s"]["mean"] for x in sums])),
             "acceptance_rate": _nanmean([x["acceptance_rate"] for x in sums])}

@@ -23,6 +23,13 @@ from models.errors import ConfigError, unknown
 MAX_REQUESTS = 10_000_000
 
 
+def gpu_name(v: str) -> str:
+    """A catalogue GPU name, lower-cased; an unknown one is an error with the nearest name."""
+    if v.lower() not in GPUS:
+        raise unknown("gpu", v, tuple(GPUS))
+    return v.lower()
+
+
 class _Strict(BaseModel):
     """Unknown keys, booleans or strings given for numbers, floats given for integers, and
     non-finite numbers (TOML's inf, nan) are all errors."""
@@ -98,12 +105,7 @@ class Rack(_Strict):
     # nothing: an error unless this is set
     allow_idle_gpus: bool = False
 
-    @field_validator("gpu")
-    @classmethod
-    def _gpu(cls, v: str) -> str:
-        if v.lower() not in GPUS:
-            raise unknown("gpu", v, tuple(GPUS))
-        return v.lower()
+    _gpu = field_validator("gpu")(staticmethod(gpu_name))
 
 
 class Distillation(_Strict):
@@ -117,12 +119,7 @@ class Distillation(_Strict):
     training_gpu: str = "h100-sxm"
     training_usd_per_gpu_hour: Annotated[float, Field(ge=0)] | None = None  # default: the catalogue's
 
-    @field_validator("training_gpu")
-    @classmethod
-    def _training_gpu(cls, v: str) -> str:
-        if v.lower() not in GPUS:
-            raise unknown("gpu", v, tuple(GPUS))
-        return v.lower()
+    _training_gpu = field_validator("training_gpu")(staticmethod(gpu_name))
 
 
 class Deployment(_Strict):
