@@ -228,8 +228,9 @@ def summary_text(df: pd.DataFrame, sp: pd.DataFrame, capacities: dict[str, dict[
                 lines.append(
                     f"Collapse: {k} peaks at {c['peak_rps']:.2f} req/s with {c['peak_concurrency']} requests in the "
                     f"system, and falls to {c['full_batch_rps']:.2f} req/s "
-                    f"({1 - c['full_batch_rps'] / c['peak_rps']:.0%} less) once every batch slot is full: verifying k+1 "
-                    f"tokens per sequence turns large batches compute-bound. Offered load between the two is "
+                    f"({1 - c['full_batch_rps'] / c['peak_rps']:.0%} less) once every batch slot is full: the speculation "
+                    f"machinery's overhead grows with the running sequences, so a step grows faster than the batch. "
+                    f"Offered load between the two is "
                     f"metastable (a burst tips it into overload); its capacity is the highest rate a "
                     f"{SUSTAIN_CHECK_S:.0f} s open-loop run sustained, {c['capacity_rps']:.2f} req/s.")
     checks = sorted({c[len("slo_"):-len("_met")] for c in df.columns
@@ -255,7 +256,8 @@ def summary_text(df: pd.DataFrame, sp: pd.DataFrame, capacities: dict[str, dict[
                          + ", ".join(f"{v} at u={u:.2f}" for v, u in pts.items()) + ".")
         few = df[df.verdict == "insufficient"]
         if len(few):
-            lines.append(f"{len(few)} run(s) measured too few requests to judge stability (verdict 'insufficient').")
+            lines.append(f"{len(few)} run(s) too short or with too few requests to judge stability (verdict "
+                         "'insufficient'; see verdict_reason).")
     return lines
 
 

@@ -8,9 +8,12 @@ pinned at `max_num_seqs` and X is the **full-batch throughput**. Without specula
 with N up to the full batch (more sequences share each weight read), so the full-batch figure is
 the capacity: an open-loop run below it drains its queue, above it the queue grows.
 
-Speculating replicas can turn compute-bound as the batch grows (k+1 verified tokens per
-sequence), so X(N) peaks at a moderate batch and *falls* towards the full batch: the
-**collapse**. Offered load between the full-batch throughput and the peak then has two regimes,
+With speculation a step can grow faster than the batch: the machinery's overhead is a fraction of
+the target pass that itself grows with the running sequences (vLLM #49548: +6.6% at 2, +21.6% at
+189), so its cost is quadratic in the batch, on top of k+1 verified tokens per sequence. X(N) can
+then peak at a moderate batch and *fall* towards the full batch: the **collapse**. (At the
+measured overhead slope the fall is small, about 1% for the default 1B draft at k = 4; it grows
+with the slope and with k.) Offered load between the full-batch throughput and the peak then has two regimes,
 a healthy one at moderate batch and a collapsed one at full batch, and a burst tips it over. The
 capacity reported is the **peak sustainable rate**: the peak of X(N) when the fall is within
 noise; otherwise the highest rate at or below the peak at which an open-loop run of
