@@ -27,6 +27,7 @@ import pandas as pd
 
 from experiments.sweep import Variant, check_distinct, default_sweep_path, parse_variant
 from models.catalog import GPUS, get_gpu
+from models.engines import get_profile
 from models.errors import ConfigError, unknown
 from sim.deployment import build_runtime, gpus_per_replica
 from sim.scenario import SLO_KEYS, Scenario, gpu_name, load_scenario, read_toml, slo_key_hint
@@ -108,14 +109,17 @@ class PlanSpec:
         """The effective inputs, for the terminal header and the report."""
         b = self.base
         dep, dist, wl = b.deployment, b.deployment.distillation, b.workload
+        sched = dep.scheduling()
         prices = ", ".join(f"{g} ${self.prices[g]:g}/h" if g in self.prices else f"{g} (catalogue ${get_gpu(g).usd_per_gpu_hour:g}/h)"
                            for g in self.gpus)
         train_price = dist.training_usd_per_gpu_hour
         train_price = get_gpu(dist.training_gpu).usd_per_gpu_hour if train_price is None else train_price
         traffic = self.traffic.describe() if self.traffic else f"{self.rate_rps:.2f} req/s"
         return {
-            "model": f"{dep.model}, TP{dep.tensor_parallel}, weights {dep.weights}, KV cache {dep.kv_cache}, "
-                     f"max_num_batched_tokens {dep.max_num_batched_tokens}, max_num_seqs {dep.max_num_seqs}",
+            "model": f"{dep.model}, TP{dep.tensor_parallel}, weights {dep.weights}, KV cache {dep.kv_cache}",
+            "engine": f"{dep.engine} ({get_profile(dep.engine).engine}): {sched.prefill} prefill"
+                      f"{', chunked' if sched.chunked_prefill else ', whole prompts'}, max_num_batched_tokens "
+                      f"{sched.max_num_batched_tokens}, max_num_seqs {sched.max_num_seqs}",
             "base rack": f"{b.rack.num_gpus}x {b.rack.gpu} (the search sizes racks of {', '.join(self.gpus)} up to {self.max_gpus} GPUs)",
             "strategies": ", ".join(s.name for s in self.strategies),
             "SLO": f"{b.slo.describe()}, judged on a stable run (every seed)",

@@ -1,10 +1,13 @@
 """Calibration of the cost model's efficiency factors against published measurements.
 
-`ANCHORS` are the throughput and latency figures of shared/reference/README.md, each with its
-setup. `fit()` finds the Hopper efficiency factors that minimise the squared log error of the
-predictions; `EFFICIENCY` holds the result (re-derive it with `python -m models.calibration`,
-which also prints the table published in docs/CALIBRATION.md). Other GPU families have no public
-anchor in our reference set, so they reuse the Hopper factors (documented as uncalibrated).
+`ANCHORS` are the step-level throughput and latency figures of shared/reference/README.md, each
+with its setup. `fit()` finds the Hopper hardware factors (shared by every engine profile) and the
+software overheads of the two TensorRT-LLM profiles that minimise the squared log error of the
+predictions; the result is kept as data in `models.engines` (re-derive it with
+`python -m models.calibration`, which also prints the table published in docs/CALIBRATION.md).
+The vLLM and SGLang profiles' software factors are fitted by simulating whole benchmarks
+(`experiments.calibrate`). Other GPU families have no public anchor in our reference set, so
+they reuse the Hopper factors (documented as uncalibrated).
 
 A user can fit their own factors to measured step times with `fit_step_times()`.
 """
@@ -23,6 +26,7 @@ import numpy as np
 
 from models.analytic import concurrency_limit, decode_itl_s, prefill_s, steady_tok_s
 from models.cost import CostModel, Efficiency
+from models.engines import DEFAULT_PROFILE, FIXED, HARDWARE, efficiency_for
 from models.errors import ConfigError
 from models.memory import plan_memory
 
@@ -45,7 +49,7 @@ class Anchor:
     source: str
     note: str = ""
     draft: str = ""  # for "draft_ratio": the draft model, run at the target's TP and formats
-    engine: str = "tuned"  # "baseline": default engine settings; "tuned": a tuned engine
+    engine: str = "trtllm"  # the engine profile: "trtllm" (tuned) or "trtllm-untuned" (default settings)
 
 
 _TRT = "TensorRT-LLM docs"
@@ -61,12 +65,12 @@ ANCHORS: tuple[Anchor, ...] = (
            "FP8; 70B in FP8 fits one 141 GB H200 (TP1 x 8 replicas); same ISL/OSL assumption"),
     Anchor("trtllm-70b-bf16-tp4-b1-itl", "itl_s", 0.031, "llama-3.1-70b", "h100-sxm", 4, 4, "bf16", "bf16",
            2048, 2048, 1, 1, f"{_TRT}, performance-tuning guide (Llama-3.3-70B, TRT-LLM 0.16)",
-           "batch 1; Llama-3.3-70B has Llama-3.1-70B's architecture", engine="baseline"),
+           "batch 1; Llama-3.3-70B has Llama-3.1-70B's architecture", engine="trtllm-untuned"),
     Anchor("trtllm-70b-bf16-tp4-b1-ttft", "ttft_s", 0.148, "llama-3.1-70b", "h100-sxm", 4, 4, "bf16", "bf16",
-           2048, 2048, 1, 1, f"{_TRT}, performance-tuning guide", "prefill of 2048 tokens, batch 1", engine="baseline"),
+           2048, 2048, 1, 1, f"{_TRT}, performance-tuning guide", "prefill of 2048 tokens, batch 1", engine="trtllm-untuned"),
     Anchor("trtllm-70b-bf16-tp4-1000req", "tok_s", 1564, "llama-3.1-70b", "h100-sxm", 4, 4, "bf16", "bf16",
            2048, 2048, 1564 * 0.0313, 1000, f"{_TRT}, fp8-quantization.md (BF16 row)",
-           "1000 requests at once; concurrency 49 from Little's law (1564 tok/s x 31.3 ms ITL)", engine="baseline"),
+           "1000 requests at once; concurrency 49 from Little's law (1564 tok/s x 31.3 ms ITL)", engine="trtllm-untuned"),
     Anchor("trtllm-70b-fp8-tp4-1000req", "tok_s", 6049, "llama-3.1-70b", "h100-sxm", 4, 4, "fp8", "fp8",
            2048, 2048, 6049 * 0.0108, 1000, f"{_TRT}, fp8-quantization.md (tuned FP8 row)",
            "concurrency 65 from Little's law (6049 tok/s x 10.8 ms ITL); tuned FP8 includes FP8 KV"),
@@ -78,10 +82,10 @@ ANCHORS: tuple[Anchor, ...] = (
     Anchor("draft-ratio-70b", "draft_ratio", 0.125, "llama-3.1-70b", "h100-sxm", 4, 4, "bf16", "bf16",
            1024, 256, 1, 1, "shared/reference/README.md: draft forward / target forward for Llama-3-70B targets",
            "Llama-3.2-1B draft at the target's TP4, batch 1; a draft pass pays no engine-step overhead",
-           draft="llama-3.2-1b", engine="baseline"),
+           draft="llama-3.2-1b", engine="trtllm-untuned"),
     Anchor("draft-ratio-8b", "draft_ratio", 0.375, "llama-3.1-8b", "h100-sxm", 1, 1, "bf16", "bf16",
            1024, 256, 1, 1, "shared/reference/README.md: draft forward / target forward for 8B targets",
-           "Llama-3.2-1B draft, TP1, batch 1", draft="llama-3.2-1b", engine="baseline"),
+           "Llama-3.2-1B draft, TP1, batch 1", draft="llama-3.2-1b", engine="trtllm-untuned"),
 )
 
 def predict(anchor: Anchor, eff: Efficiency) -> float:
@@ -104,36 +108,37 @@ def predict(anchor: Anchor, eff: Efficiency) -> float:
     return replicas * steady_tok_s(cost, b, anchor.isl, anchor.osl)
 
 
-# Held fixed in the fit (orientation values, see docs/CALIBRATION.md):
-FIXED = dict(mfu_half_tokens=24.0, comm_eff=0.7)
-# Hardware-side factors, shared by both engine profiles:
-SHARED = ("mfu_max", "mfu_max_quant", "bw_eff", "allreduce_latency_s")
-# Software-side factors, one set per engine profile:
+# Hardware-side factors, shared by every engine profile (models.engines.HARDWARE):
+SHARED = tuple(HARDWARE)
+# Software-side factors fitted here, one set per step-level profile (the step anchors have no
+# batch spread to separate a per-sequence cost from a per-step one; seq_overhead_s stays 0 there):
 PER_ENGINE = ("step_overhead_s", "layer_overhead_s")
-ENGINE_PROFILES = ("baseline", "tuned")
+ENGINE_PROFILES = ("trtllm-untuned", "trtllm")
 _LO = {"mfu_max": 0.15, "mfu_max_quant": 0.15, "bw_eff": 0.3, "allreduce_latency_s": 2e-6,
-       "step_overhead_s": 0.0, "layer_overhead_s": 0.0}
+       "step_overhead_s": 0.0, "layer_overhead_s": 0.0, "seq_overhead_s": 0.0}
 _HI = {"mfu_max": 0.95, "mfu_max_quant": 0.95, "bw_eff": 0.95, "allreduce_latency_s": 1e-4,
-       "step_overhead_s": 0.02, "layer_overhead_s": 3e-4}
+       "step_overhead_s": 0.02, "layer_overhead_s": 3e-4, "seq_overhead_s": 5e-4}
 _SCALE = {"mfu_max": 0.1, "mfu_max_quant": 0.1, "bw_eff": 0.1, "allreduce_latency_s": 1e-5,
-          "step_overhead_s": 1e-3, "layer_overhead_s": 1e-5}
+          "step_overhead_s": 1e-3, "layer_overhead_s": 1e-5, "seq_overhead_s": 1e-5}
 _KEYS = SHARED + tuple(f"{f}@{e}" for e in ENGINE_PROFILES for f in PER_ENGINE)
 
 
 def _profiles(x: np.ndarray, source: str) -> dict[str, Efficiency]:
     v = dict(zip(_KEYS, map(float, x), strict=True))
     shared = {f: v[f] for f in SHARED}
-    return {e: Efficiency(**shared, **{f: v[f"{f}@{e}"] for f in PER_ENGINE}, **FIXED, source=source)
+    return {e: Efficiency(**shared, **{f: v[f"{f}@{e}"] for f in PER_ENGINE}, **FIXED, seq_overhead_s=0.0,
+                          source=source)
             for e in ENGINE_PROFILES}
 
 
-def fit(anchors: tuple[Anchor, ...] = ANCHORS) -> dict[str, Efficiency]:
+def fit(anchors: tuple[Anchor, ...] = ANCHORS, start: dict[str, Efficiency] | None = None) -> dict[str, Efficiency]:
     """Least squares on log(predicted / published) over the anchors (scipy): shared hardware
-    factors, and per-engine-profile overheads. Returns {engine profile: Efficiency}."""
+    factors, and per-engine-profile overheads, from `start` (default: the committed factors).
+    Returns {engine profile: Efficiency}."""
     from scipy.optimize import least_squares
 
-    base = EFFICIENCY
-    x0 = np.array([getattr(base[("hopper", k.split("@")[1] if "@" in k else "baseline")], k.split("@")[0]) for k in _KEYS])
+    first = start or {e: _committed(e) for e in ENGINE_PROFILES}
+    x0 = np.array([getattr(first[k.split("@")[1] if "@" in k else "trtllm"], k.split("@")[0]) for k in _KEYS])
     lo = np.array([_LO[k.split("@")[0]] for k in _KEYS])
     hi = np.array([_HI[k.split("@")[0]] for k in _KEYS])
 
@@ -145,7 +150,7 @@ def fit(anchors: tuple[Anchor, ...] = ANCHORS) -> dict[str, Efficiency]:
     return _profiles(res.x, "fit to ANCHORS by models.calibration.fit()")
 
 
-FIT_FIELDS = ("mfu_max", "mfu_max_quant", "bw_eff", "step_overhead_s", "layer_overhead_s")
+FIT_FIELDS = ("mfu_max", "mfu_max_quant", "bw_eff", "step_overhead_s", "layer_overhead_s", "seq_overhead_s")
 
 
 def fit_step_times(
@@ -228,14 +233,14 @@ def load_efficiency(path: str | Path, base: Efficiency | None = None) -> Efficie
     if unknown_keys:
         raise ConfigError(f"{p}: unknown efficiency factor(s) {sorted(unknown_keys)} (known: {', '.join(EFFICIENCY_FIELDS)})")
     check_efficiency({k: v for k, v in data.items() if k != "source"}, str(p))
-    start = base or EFFICIENCY[("hopper", "baseline")]
+    start = base or efficiency_for("hopper", DEFAULT_PROFILE)
     values: dict[str, Any] = {k: (str(v) if k == "source" else float(v)) for k, v in data.items()}
     return dataclasses.replace(start, **values)
 
 
 def table(profiles: dict[str, Efficiency] | None = None) -> list[dict[str, object]]:
     """Anchor, published figure, prediction and error: the table of docs/CALIBRATION.md."""
-    profiles = profiles or {e: EFFICIENCY[("hopper", e)] for e in ENGINE_PROFILES}
+    profiles = profiles or {e: _committed(e) for e in ENGINE_PROFILES}
     rows = []
     for a in ANCHORS:
         p = predict(a, profiles[a.engine])
@@ -244,20 +249,9 @@ def table(profiles: dict[str, Efficiency] | None = None) -> list[dict[str, objec
     return rows
 
 
-# The fitted profiles, as printed by `python -m models.calibration` (a test re-fits and checks
-# that these stay current).
-_FIT = {
-    "baseline": Efficiency(mfu_max=0.6312, mfu_max_quant=0.4988, bw_eff=0.9264, allreduce_latency_s=2e-6,
-                           step_overhead_s=0.0, layer_overhead_s=2.174e-4, **FIXED, source=""),
-    "tuned": Efficiency(mfu_max=0.6312, mfu_max_quant=0.4988, bw_eff=0.9264, allreduce_latency_s=2e-6,
-                        step_overhead_s=1.161e-3, layer_overhead_s=0.0, **FIXED, source=""),
-}
-EFFICIENCY: dict[tuple[str, str], Efficiency] = {}
-for _e, _eff in _FIT.items():
-    EFFICIENCY[("hopper", _e)] = dataclasses.replace(_eff, source="fit to ANCHORS (docs/CALIBRATION.md)")
-    # No anchors in our reference set for other families: Hopper's factors, marked uncalibrated.
-    for _fam in ("ampere", "blackwell", "ada", "cdna3"):
-        EFFICIENCY[(_fam, _e)] = dataclasses.replace(_eff, source="uncalibrated: Hopper's factors")
+def _committed(profile: str) -> Efficiency:
+    """The committed (models.engines) Hopper factors of a step-level profile."""
+    return efficiency_for("hopper", profile)
 
 
 def _main() -> None:

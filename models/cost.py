@@ -14,11 +14,14 @@ tokens already in its KV cache (`context`). The step is charged
                                                    KV read once per sequence (shared by its k+1
                                                    verified tokens), KV written, activations
     comm_s     = 2 all-reduces per layer (tensor parallel), each latency + ring volume / link
-    overhead_s = per-step engine overhead + per-layer launch overhead of each forward pass
+    overhead_s = per-layer launch overhead of each forward pass, plus, for an engine step (not a
+                 draft pass), the per-step overhead and the per-sequence host cost x sequences
 
 `mfu(tokens) = mfu_max * tokens / (tokens + mfu_half_tokens)`: the linear layers' GEMMs over a
 step with few tokens reach a small fraction of peak. Attention kernels work per sequence and are
-charged at `mfu_max` (so adding a sequence to a batch can never make a step faster). The factors come from `models.calibration` (docs/CALIBRATION.md).
+charged at `mfu_max` (so adding a sequence to a batch can never make a step faster). The factors
+come from the engine profile (`models.engines`, fitted by `models.calibration` and
+`experiments.calibrate`; docs/CALIBRATION.md).
 Everything is per GPU: weights, heads and FLOPs are divided by the tensor-parallel degree.
 """
 
@@ -40,24 +43,13 @@ from models.catalog import (
     peak_flops,
     weight_bytes,
 )
+from models.engines import DEFAULT_PROFILE, Efficiency
+from models.engines import efficiency_for as _family_efficiency
 from models.errors import ConfigError
 
+__all__ = ["ACT_BYTES", "CostModel", "Efficiency", "ServiceTimeCost", "StepCost", "check_tp", "efficiency_for"]
+
 ACT_BYTES = 2.0  # activations and all-reduce payloads are bf16 in every format we model
-
-
-@dataclass(frozen=True)
-class Efficiency:
-    """Achieved fractions of peak and fixed costs of a real engine on one GPU family."""
-
-    mfu_max: float  # achieved fraction of peak FLOPs at large tokens per step, bf16 weights
-    mfu_max_quant: float  # the same for quantised weights, of that format's own (higher) peak
-    mfu_half_tokens: float  # tokens per step at which half of mfu_max is reached
-    bw_eff: float  # achieved fraction of HBM bandwidth
-    step_overhead_s: float  # once per engine step: scheduling, sampling, detokenisation
-    layer_overhead_s: float  # per layer per forward pass: launches and syncs not hidden by graphs
-    allreduce_latency_s: float  # fixed latency of one small all-reduce
-    comm_eff: float  # achieved fraction of interconnect bandwidth for large all-reduces
-    source: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +66,7 @@ class StepCost:
     comm_s: float
     overhead_s: float
     total_s: float
+    seq_overhead_s: float = 0.0  # the per-sequence host cost inside overhead_s
 
     @property
     def bytes(self) -> float:
@@ -85,14 +78,9 @@ class StepCost:
         return d
 
 
-def efficiency_for(gpu: GPU, engine: str = "baseline") -> Efficiency:
-    """The calibrated efficiency of this GPU's family under an engine profile ("baseline":
-    default engine settings; "tuned": a tuned engine), see models.calibration."""
-    from models.calibration import EFFICIENCY, ENGINE_PROFILES
-
-    if engine not in ENGINE_PROFILES:
-        raise ConfigError(f"unknown engine profile '{engine}' (known: {', '.join(ENGINE_PROFILES)})")
-    return EFFICIENCY.get((gpu.family, engine), EFFICIENCY[("hopper", engine)])
+def efficiency_for(gpu: GPU, engine: str = DEFAULT_PROFILE) -> Efficiency:
+    """The calibrated efficiency of this GPU's family under an engine profile (models.engines)."""
+    return _family_efficiency(gpu.family, engine)
 
 
 class CostModel:
@@ -110,7 +98,7 @@ class CostModel:
         weights: WeightFormat | str = "bf16",
         kv_cache: KVFormat | str = "bf16",
         efficiency: Efficiency | None = None,
-        engine: str = "baseline",
+        engine: str = DEFAULT_PROFILE,
     ) -> None:
         self.model = get_model(model) if isinstance(model, str) else model
         self.gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -181,9 +169,10 @@ class CostModel:
             comm_s = self.n_allreduce * (e.allreduce_latency_s + self.ring_factor * payload / self.comm_bw)
         else:
             comm_s = 0.0
-        overhead_s = self.pass_overhead_s + (e.step_overhead_s if step_overhead else 0.0)
+        seq_s = e.seq_overhead_s * num_seqs if step_overhead else 0.0
+        overhead_s = self.pass_overhead_s + (e.step_overhead_s if step_overhead else 0.0) + seq_s
         total = busy + comm_s + overhead_s
-        return StepCost(flops, w, kv_r, kv_w, act, compute_s, memory_s, comm_s, overhead_s, total)
+        return StepCost(flops, w, kv_r, kv_w, act, compute_s, memory_s, comm_s, overhead_s, total, seq_s)
 
     def total_s_many(self, num_seqs: int, tokens: np.ndarray, context_tokens: np.ndarray, attn_pairs: np.ndarray,
                      *, step_overhead: bool = True) -> np.ndarray:
@@ -200,7 +189,7 @@ class CostModel:
                           self.kv_bytes_per_token_gpu * (np.asarray(context_tokens) + t) / self.bw)
         comm = (self.n_allreduce * (e.allreduce_latency_s + self.ring_factor * t * m.hidden_size * ACT_BYTES / self.comm_bw)
                 if self.n_allreduce else 0.0)
-        over = self.pass_overhead_s + (e.step_overhead_s if step_overhead else 0.0)
+        over = self.pass_overhead_s + (e.step_overhead_s + e.seq_overhead_s * num_seqs if step_overhead else 0.0)
         return np.where(np.asarray(tokens) > 0, lin + attn + comm + over, 0.0)
 
     def step(self, new_tokens: np.ndarray | list[int], context: np.ndarray | list[int], *, step_overhead: bool = True) -> StepCost:

@@ -52,6 +52,10 @@ class ReplicaRuntime:
     plan: MemoryPlan
     max_num_seqs: int
     max_num_batched_tokens: int
+    prefill: str  # "mixed" | "separate" (models.engines.Scheduling)
+    chunked_prefill: bool
+    scheduler_steps: int  # decode steps per scheduling decision (separate prefill)
+    engine: str  # the engine profile's name
     spec: SpecRuntime | None
     num_replicas: int
     gpus_per_replica: int
@@ -229,8 +233,9 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
                 extra_kv = draft_cost.kv_bytes_per_token_gpu
         spec_rt = SpecRuntime(spec.method, spec.num_speculative_tokens, spec.policy, spec.disable_batch_size,
                               spec.acceptance_decay, draft_cost, spec.overhead_frac_at_2, spec.overhead_frac_per_seq)
+    sched = dep.scheduling()
     plan = plan_memory(cost, gpu_memory_utilization=dep.gpu_memory_utilization,
-                       max_num_batched_tokens=dep.max_num_batched_tokens, max_num_seqs=dep.max_num_seqs,
+                       max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
                        extra_bytes=extra_bytes, extra_kv_bytes_per_token=extra_kv)
     per_replica = gpus_per_replica(sc)
     replicas = sc.rack.num_gpus // per_replica
@@ -260,7 +265,9 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
     if dep.quality_tail is not None:
         q_tail = dep.quality_tail
     return ReplicaRuntime(
-        cost=cost, plan=plan, max_num_seqs=dep.max_num_seqs, max_num_batched_tokens=dep.max_num_batched_tokens,
+        cost=cost, plan=plan, max_num_seqs=sched.max_num_seqs, max_num_batched_tokens=sched.max_num_batched_tokens,
+        prefill=sched.prefill, chunked_prefill=sched.chunked_prefill, scheduler_steps=sched.scheduler_steps,
+        engine=dep.engine,
         spec=spec_rt, num_replicas=replicas, gpus_per_replica=per_replica,
         max_model_len=min(MAX_MODEL_LEN, plan.kv_capacity_tokens), quality=(q_in, q_tail),
         retraining=retraining, usd_per_gpu_hour=price,

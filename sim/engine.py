@@ -1,12 +1,18 @@
 """One continuous-batching engine per replica: a SimPy process, one timeout per engine step.
 
 Each step, in this order (vLLM v1-like):
+0. with `prefill = "separate"` (vLLM 0.6's default scheduler, SGLang): if any prefill can be
+   scheduled (a partly prefilled sequence, or a waiting request with a slot and a block), the step
+   is a prefill step of its own (step 2 with the whole budget) and nothing decodes; with
+   multi-step scheduling (`scheduler_steps` n > 1, vLLM 0.6's --num-scheduler-steps) a decode
+   step is followed by n - 1 more before prefills are considered again;
 1. decode: every running sequence whose prompt is fully computed gets 1 new token (k+1 when
    speculating: k drafted tokens verified plus one from the target); KV blocks for them are
    reserved, preempting the youngest sequences (recompute) while blocks run short;
-2. prefill: the token budget left (max_num_batched_tokens) goes to partly prefilled sequences in
-   admission order, then to waiting requests (FCFS) while a slot (max_num_seqs) and blocks exist,
-   unless step 1 preempted (vLLM v1 admits nothing in such a step);
+2. prefill (`prefill = "mixed"`: vLLM V1, TensorRT-LLM): the token budget left
+   (max_num_batched_tokens) goes to partly prefilled sequences in admission order, then to
+   waiting requests (FCFS) while a slot (max_num_seqs) and blocks exist, unless step 1 preempted
+   (vLLM v1 admits nothing in such a step); without chunked prefill a prompt goes whole or waits;
 3. the step lasts the cost model's time for that batch (plus draft passes and machinery overhead
    when speculating); at its end tokens are emitted, finished sequences leave.
 
@@ -30,7 +36,7 @@ if TYPE_CHECKING:
 
 STEP_COLUMNS = (
     "replica", "start_s", "duration_s", "batch_size", "decode_seqs", "prefill_tokens", "decode_tokens", "emitted_tokens",
-    "k", "kv_blocks_used", "waiting", "flops", "bytes", "target_s", "draft_s", "spec_overhead_s",
+    "k", "kv_blocks_used", "waiting", "flops", "bytes", "target_s", "draft_s", "spec_overhead_s", "chunk_gap_s",
 )
 
 
@@ -188,7 +194,7 @@ class Replica:
         k = np.arange(spec.k + 1, dtype=np.float64)
         q = k + 1.0
         target = self.rt.cost.total_s_many(n_dec, n_dec * q, np.full_like(k, ctx), ctx * q + n_dec * q * (q + 1) / 2.0)
-        total = target * (1.0 + self._overhead_frac())
+        total = target + target[0] * self._overhead_frac(n_dec)  # machinery: a fraction of the plain decode pass
         if spec.draft_cost is not None:
             mean_ctx = ctx + n_dec * (k - 1) / 2.0
             one = spec.draft_cost.total_s_many(n_dec, np.full_like(k, n_dec), mean_ctx, mean_ctx + n_dec,
@@ -197,11 +203,12 @@ class Replica:
         rate = exp_tokens / total
         return int(np.argmax(rate >= rate.max() * (1.0 - 1e-9)))  # the smallest k within rounding of the best
 
-    def _overhead_frac(self) -> float:
-        """Speculation machinery overhead as a fraction of the target pass (grows with the batch)."""
+    def _overhead_frac(self, n_dec: int) -> float:
+        """Speculation machinery overhead as a fraction of the plain decode pass of the decoding
+        sequences; grows with their number (vLLM #49548 measured TPOT with nothing drafted)."""
         spec = self.rt.spec
         assert spec is not None
-        return spec.overhead_frac_at_2 + spec.overhead_frac_per_seq * max(0, self.n_running - 2)
+        return spec.overhead_frac_at_2 + spec.overhead_frac_per_seq * max(0, n_dec - 2)
 
     def _spec_cost(self, n_dec: int, ctx_dec: float, k: int, n_pre: int, pre_tokens: float,
                    pre_ctx: float, pre_pairs: float) -> tuple[float, float, float, float, float, float]:
@@ -236,16 +243,66 @@ class Replica:
                     nbytes += d.bytes * dc.tp
             if n_dec:
                 # the machinery (proposer, rejection sampler, bookkeeping) runs on every decoding
-                # step of a speculation-enabled engine, also when k = 0 (vLLM issue 49548 measured
-                # it with nothing drafted)
-                over = tc.total_s * self._overhead_frac()
+                # step of a speculation-enabled engine, also when k = 0. vLLM issue 49548 measured
+                # it as a share of TPOT with nothing drafted, i.e. of a plain decode step over the
+                # decoding sequences: it is charged on that, never on prefill tokens in the step
+                plain = tc if (k == 0 and not n_pre) else rt.cost.step_sums(n_dec, n_dec, ctx_dec, ctx_dec + n_dec)
+                over = plain.total_s * self._overhead_frac(n_dec)
         return tc.total_s + draft_s + over, tc.total_s, draft_s, over, flops, nbytes
 
     # ------------------------------------------------------------- engine loop
+    def _prefill_pending(self) -> bool:
+        """Whether prefill work could be scheduled now: a partly prefilled sequence, or a waiting
+        request with a free slot and a free block."""
+        n = self.n_running
+        return bool((self.computed[:n] < self.target[:n]).any()) or bool(
+            self.waiting and n < self.rt.max_num_seqs and self.free_blocks > 0)
+
+    def _plan_prefill(self, budget: int, dec: np.ndarray, admit: bool) -> tuple[list[int], list[int]]:
+        """Prefill chunks within the token budget: partial prefills (oldest first), then new
+        admissions (FCFS) while a slot and blocks exist and `admit`. Without chunked prefill a
+        prompt goes whole or waits (one longer than the whole budget goes alone)."""
+        rt, reqs = self.rt, self.reqs
+        chunk_idx: list[int] = []
+        chunks: list[int] = []
+        full = budget
+        if not dec.all():
+            for j in np.flatnonzero(~dec).tolist():
+                if budget <= 0:
+                    break
+                c = self._fit_chunk(j, budget, budget == full)
+                if c <= 0:
+                    break
+                chunk_idx.append(j)
+                chunks.append(c)
+                budget -= c
+        while admit and budget > 0 and self.waiting and self.n_running < rt.max_num_seqs and self.free_blocks > 0:
+            rid = self.waiting[0]
+            if not rt.chunked_prefill and not self._fits_whole(rid, budget, budget == full):
+                break
+            self.waiting.popleft()
+            i = self._admit(rid)
+            c = self._fit_chunk(i, budget, budget == full)
+            if np.isnan(reqs.scheduled[rid]):
+                reqs.scheduled[rid] = self.env.now
+            chunk_idx.append(i)
+            chunks.append(c)
+            budget -= c
+        return chunk_idx, chunks
+
+    def _fits_whole(self, rid: int, budget: int, alone: bool) -> bool:
+        """Without chunked prefill: the whole prompt (plus output so far, when recomputing) fits
+        in the budget (or goes alone in an empty step) and in the free KV blocks."""
+        tokens = int(self.reqs.prompt[rid] + self.reqs.generated[rid])
+        return (tokens <= budget or alone) and -(-tokens // BLOCK_SIZE) <= self.free_blocks
+
     def run(self) -> Generator[simpy.Event, Any, None]:
         env, rt, reqs = self.env, self.rt, self.reqs
         budget_max = rt.max_num_batched_tokens
         spec = rt.spec
+        separate = rt.prefill == "separate"
+        stalled_s = 0.0  # prefill-only steps run since the last decode while sequences were ready to decode
+        decode_left = 0  # multi-step scheduling: decode steps still due before prefills are considered again
         while True:
             if self.n_running == 0 and not self.waiting:
                 self.idle = True
@@ -254,54 +311,46 @@ class Replica:
                 self.idle = False
             n = self.n_running
             dec = self.computed[:n] >= self.target[:n]
-            k = self._choose_k(dec)
-            q = k + 1
-            # 1. reserve KV blocks for decode tokens, preempting the youngest while short
-            preempted = False
-            while True:
-                # tokens this step can write: k+1, but never past the request's remaining output
-                # (a running sequence always has at least one token left, so 1 needs no check)
-                grow = 1 if q == 1 else np.minimum(q, self.out[:n] - self.gen[:n])
-                need = np.where(dec, -(-(self.computed[:n] + grow) // BLOCK_SIZE) - self.blocks[:n], 0)
-                need_total = int(need.sum())
-                if need_total <= self.free_blocks:
-                    break
-                self._preempt_youngest()
-                preempted = True
-                n = self.n_running
-                dec = dec[:n]
-            if need_total:
-                self.blocks[:n] += need
-                self.free_blocks -= need_total
-            n_dec = int(dec.sum())
-            # decoding entries: a slice (a cheap view) when every running sequence decodes
-            ds: slice | np.ndarray = slice(0, n) if n_dec == n else np.flatnonzero(dec)
-            budget = budget_max - n_dec * q
-            # 2. prefill chunks: partial prefills (oldest first), then new admissions (FCFS);
-            # as in vLLM v1, nothing is admitted in a step that had to preempt (the victim, back
-            # at the head of the queue, would be readmitted into the blocks just taken from it)
             chunk_idx: list[int] = []
             chunks: list[int] = []
-            if n_dec < n:
-                for j in np.flatnonzero(~dec).tolist():
-                    if budget <= 0:
+            preempted = stalling = False
+            if separate and not (decode_left and dec.any()) and self._prefill_pending():
+                # prefill steps of their own, scheduled first (vLLM V0's default scheduler, SGLang):
+                # decodes wait while any prompt can be prefilled
+                chunk_idx, chunks = self._plan_prefill(budget_max, dec, True)
+            if chunk_idx:
+                k, n_dec = 0, 0
+                stalling = bool(dec.any())
+                ds: slice | np.ndarray = slice(0, 0)
+            else:
+                k = self._choose_k(dec)
+                q = k + 1
+                # 1. reserve KV blocks for decode tokens, preempting the youngest while short
+                while True:
+                    # tokens this step can write: k+1, but never past the request's remaining output
+                    # (a running sequence always has at least one token left, so 1 needs no check)
+                    grow = 1 if q == 1 else np.minimum(q, self.out[:n] - self.gen[:n])
+                    need = np.where(dec, -(-(self.computed[:n] + grow) // BLOCK_SIZE) - self.blocks[:n], 0)
+                    need_total = int(need.sum())
+                    if need_total <= self.free_blocks:
                         break
-                    c = self._fit_chunk(j, budget)
-                    if c <= 0:
-                        break
-                    chunk_idx.append(j)
-                    chunks.append(c)
-                    budget -= c
-            while (not preempted and budget > 0 and self.waiting and self.n_running < rt.max_num_seqs
-                   and self.free_blocks > 0):
-                rid = self.waiting.popleft()
-                i = self._admit(rid)
-                c = self._fit_chunk(i, budget)
-                if np.isnan(reqs.scheduled[rid]):
-                    reqs.scheduled[rid] = env.now
-                chunk_idx.append(i)
-                chunks.append(c)
-                budget -= c
+                    self._preempt_youngest()
+                    preempted = True
+                    n = self.n_running
+                    dec = dec[:n]
+                if need_total:
+                    self.blocks[:n] += need
+                    self.free_blocks -= need_total
+                n_dec = int(dec.sum())
+                decode_left = decode_left - 1 if decode_left else rt.scheduler_steps - 1
+                # decoding entries: a slice (a cheap view) when every running sequence decodes
+                ds = slice(0, n) if n_dec == n else np.flatnonzero(dec)
+                # 2. prefill chunks in the budget left (mixed steps only); as in vLLM v1, nothing
+                # is admitted in a step that had to preempt (the victim, back at the head of the
+                # queue, would be readmitted into the blocks just taken from it)
+                if not separate:
+                    chunk_idx, chunks = self._plan_prefill(budget_max - n_dec * q, dec, not preempted)
+            q = k + 1
             n_pre = len(chunk_idx)
             if n_dec == 0 and n_pre == 0:
                 # nothing fits (KV exhausted by partial prefills): preempt the youngest and retry
@@ -366,14 +415,22 @@ class Replica:
                 if reqs.on_complete is not None:
                     reqs.on_complete(int(f.size))
             used_blocks = self.rt.plan.num_blocks - self.free_blocks
+            # the gap the decoding sequences saw since their previous streamed chunk: this step,
+            # plus the prefill-only steps that ran since the last decode (separate prefill)
+            gap = 0.0
+            if n_dec:
+                gap, stalled_s = total_s + stalled_s, 0.0
+            elif chunk_idx and stalling:
+                stalled_s += total_s
             self.log.append((self.idx, start, total_s, n_dec + n_pre, n_dec, pre_tokens, n_dec * q, emitted_total, k,
-                             used_blocks, len(self.waiting), flops, nbytes, target_s, draft_s, over_s))
+                             used_blocks, len(self.waiting), flops, nbytes, target_s, draft_s, over_s, gap))
 
-    def _fit_chunk(self, i: int, budget: int) -> int:
+    def _fit_chunk(self, i: int, budget: int, alone: bool = False) -> int:
         """Largest prefill chunk for entry i within the token budget and the free KV blocks;
-        reserves its blocks."""
+        reserves its blocks. Without chunked prefill the whole remainder (which _fits_whole
+        checked), even past the budget when it goes alone."""
         remaining = int(self.target[i] - self.computed[i])
-        c = min(remaining, budget)
+        c = remaining if (not self.rt.chunked_prefill and (alone or remaining <= budget)) else min(remaining, budget)
         have = int(self.blocks[i]) * BLOCK_SIZE - int(self.computed[i])  # room in held blocks
         if c > have:
             extra_blocks = -(-(c - have) // BLOCK_SIZE)

@@ -186,8 +186,9 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     s["ttft_s"] = dist(m.ttft_s.to_numpy())
     s["tpot_s"] = dist(m.tpot_s.to_numpy())
     # ITL as vLLM's benchmark measures it: the gap between successive streamed chunks of a request;
-    # with steps back to back, a decoding sequence waits one step duration per chunk
-    s["itl_s"] = dist(st.duration_s.to_numpy(), st.decode_seqs.to_numpy())
+    # with steps back to back, a decoding sequence waits one step per chunk, plus the prefill-only
+    # steps that ran meanwhile (separate prefill): the step table's chunk_gap_s
+    s["itl_s"] = dist(st.chunk_gap_s.to_numpy(), st.decode_seqs.to_numpy())
     s["itl_samples"] = int(st.decode_seqs.sum())  # streamed-chunk gaps behind those percentiles
     s["e2e_s"] = dist(m.e2e_s.to_numpy())
     s["queue_s"] = dist(m.queue_s.to_numpy())
@@ -231,3 +232,53 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     s["slo"] = slo_checks(s, slo)
     s["slo_met"] = bool(s["stable"] and all(c["met"] for c in s["slo"].values()))
     return s
+
+
+def bench_metrics(req: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:
+    """A benchmark's figures as `vllm bench serve` names and computes them (vllm/benchmarks/serve.py):
+    duration from the first send to the last completion, request/output/total-token throughput
+    over it, and mean/median/std/p90/p99 in ms of TTFT (from the send), TPOT (per request with
+    more than one output token: (latency - TTFT) / (output - 1)), ITL (every streamed-chunk gap,
+    pooled) and E2E latency (`e2el`). Over the whole tables (a benchmark has no warm-up)."""
+    done = req[req.completion_s.notna()]
+    if done.empty:
+        return {"completed": 0.0}
+    start = float(req.arrival_s.min())
+    duration = float(done.completion_s.max()) - start
+    ttft = (done.first_token_s - done.arrival_s).to_numpy()
+    e2el = (done.completion_s - done.arrival_s).to_numpy()
+    out_tok = done.output_tokens.to_numpy()
+    many = out_tok > 1
+    tpot = (e2el[many] - ttft[many]) / (out_tok[many] - 1)
+    # ITL pooled over every streamed-chunk gap: each decoding sequence of a step waited chunk_gap_s
+    gaps = steps.chunk_gap_s.to_numpy()
+    weights = steps.decode_seqs.to_numpy()
+    out: dict[str, float] = {
+        "completed": float(len(done)), "duration": duration,
+        "request_throughput": len(done) / duration, "output_throughput": float(out_tok.sum()) / duration,
+        "total_token_throughput": float(out_tok.sum() + done.prompt_tokens.sum()) / duration,
+    }
+    for name, x, w in (("ttft", ttft, None), ("tpot", tpot, None), ("e2el", e2el, None), ("itl", gaps, weights)):
+        out.update(_stats(name, x, w))
+    return out
+
+
+def _stats(name: str, x: np.ndarray, w: np.ndarray | None) -> dict[str, float]:
+    """mean/median/std/p90/p99 in ms, as vLLM's `process_one_metric` names them."""
+    x = np.asarray(x, dtype=np.float64) * 1e3
+    if w is None:
+        w = np.ones_like(x)
+    keep = np.isfinite(x) & (w > 0)
+    x, w = x[keep], np.asarray(w, dtype=np.float64)[keep]
+    if x.size == 0:
+        return {f"{s}_{name}_ms": float("nan") for s in ("mean", "median", "std", "p90", "p99")}
+    order = np.argsort(x, kind="stable")
+    xs, cum = x[order], np.cumsum(w[order]) / w.sum()
+    mean = float((x * w).sum() / w.sum())
+
+    def pct(p: float) -> float:
+        return float(xs[min(int(np.searchsorted(cum, p)), xs.size - 1)])
+
+    return {f"mean_{name}_ms": mean, f"median_{name}_ms": pct(0.5),
+            f"std_{name}_ms": float(np.sqrt((w * (x - mean) ** 2).sum() / w.sum())),
+            f"p90_{name}_ms": pct(0.9), f"p99_{name}_ms": pct(0.99)}

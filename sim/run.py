@@ -59,13 +59,16 @@ def _route(replicas: list[Replica], router: str, rr: int) -> Replica:
 class ClosedLoop:
     """Closed-loop clients (as `vllm bench serve --max-concurrency N`): `concurrency` clients each
     send the table's next request when their previous one completes (after an optional think
-    time), so the number of requests in the system stays at `concurrency`. Arrival times are
-    written into the request table as requests are sent."""
+    time), so the number of requests in the system stays at `concurrency`. With `not_before`
+    (open-loop arrival times, as `--request-rate R --max-concurrency N`), a request is sent at
+    the later of its arrival time and a free client. Arrival times are written into the request
+    table as requests are sent (latencies count from the send, as vLLM's benchmark times them)."""
 
     def __init__(self, env: simpy.Environment, reqs: Requests, replicas: list[Replica], router: str,
-                 concurrency: int, think_s: np.ndarray | None = None) -> None:
+                 concurrency: int, think_s: np.ndarray | None = None, not_before: np.ndarray | None = None) -> None:
         self.env, self.reqs, self.replicas, self.router = env, reqs, replicas, router
         self.think_s = think_s
+        self.not_before = not_before  # open-loop arrival times behind a concurrency cap
         self.next = 0
         self.thinks = 0
         self.rr = 0
@@ -78,9 +81,19 @@ class ClosedLoop:
             return
         i = self.next
         self.next += 1
+        if self.not_before is not None and self.not_before[i] > self.env.now:
+            self.env.process(self._submit_at(i, float(self.not_before[i])))
+            return
+        self._submit(i)
+
+    def _submit(self, i: int) -> None:
         self.reqs.arrival[i] = self.env.now
         _route(self.replicas, self.router, self.rr).submit(i)
         self.rr += 1
+
+    def _submit_at(self, i: int, t: float) -> Generator[simpy.Event, Any, None]:
+        yield self.env.timeout(t - self.env.now)
+        self._submit(i)
 
     def _after(self, delay: float) -> Generator[simpy.Event, Any, None]:
         yield self.env.timeout(delay)
@@ -99,12 +112,15 @@ class ClosedLoop:
 def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, *,
               horizon_s: float | None = None, backlog_limit: int | None = None,
               progress: bool = False, concurrency: int | None = None,
-              think_s: np.ndarray | None = None) -> tuple[pd.DataFrame, pd.DataFrame, bool, float]:
+              think_s: np.ndarray | None = None, gate_arrivals: bool = False,
+              ) -> tuple[pd.DataFrame, pd.DataFrame, bool, float]:
     """Run the engine over a request table. Returns (requests, steps, truncated, horizon).
 
     Open loop (default): requests arrive at the table's `arrival_s`. Closed loop (`concurrency`
     given): the table's arrival times are ignored; `concurrency` clients send its requests in
-    order, each after its previous one completed (plus `think_s[i]` before request i if given)."""
+    order, each after its previous one completed (plus `think_s[i]` before request i if given);
+    with `gate_arrivals`, also no earlier than the table's `arrival_s` (a concurrency cap on an
+    open-loop stream)."""
     wl = sc.workload
     method = sc.speculative.method if sc.speculative else "draft_model"
     means = np.array([c.acceptance_for(method) if sc.speculative else 0.0 for c in wl.classes])
@@ -132,9 +148,10 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         drain = sc.sim.drain_s if sc.sim.drain_s is not None else max(wl.duration_s, 600.0)
         horizon = horizon_s if horizon_s is not None else (float(arrival[-1]) if arrival.size else 0.0) + drain
     else:
+        release = arrival.copy() if gate_arrivals else None
         arrival = reqs.arrival = np.full(arrival.size, np.nan)  # written as the clients send
         replicas.extend(Replica(env, i, rt, reqs, rngs[i], log) for i in range(rt.num_replicas))
-        ClosedLoop(env, reqs, replicas, sc.deployment.router, concurrency, think_s)
+        ClosedLoop(env, reqs, replicas, sc.deployment.router, concurrency, think_s, release)
         horizon = horizon_s if horizon_s is not None else 1e12  # a closed loop ends when its requests are done
     bar = Progress(arrival.size, sc.name) if progress else None
     done_ev = env.process(_watch_done(env, reqs, bar))

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from models.catalog import GPUS, KV_FORMATS, MODELS, WEIGHT_FORMATS
+from models.engines import DEFAULT_PROFILE, Scheduling, get_profile, resolve
 from models.errors import ConfigError, unknown
 
 # At most this many requests in one run: a bigger table would not fit in memory, nor finish.
@@ -127,11 +128,15 @@ class Deployment(_Strict):
     tensor_parallel: Annotated[int, Field(ge=1)] = 4
     weights: str = "bf16"
     kv_cache: str = "bf16"
-    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] = 256
-    max_num_batched_tokens: Annotated[int, Field(ge=16, le=1_048_576)] = 8192
+    # scheduling: unset, the engine profile's defaults (models.engines); set, they override it
+    max_num_seqs: Annotated[int, Field(ge=1, le=4096)] | None = None
+    max_num_batched_tokens: Annotated[int, Field(ge=16, le=1_048_576)] | None = None
+    prefill: Literal["mixed", "separate"] | None = None
+    chunked_prefill: bool | None = None
+    scheduler_steps: Annotated[int, Field(ge=1, le=64)] | None = None  # vLLM 0.6 --num-scheduler-steps
     router: Literal["round_robin", "least_outstanding"] = "least_outstanding"
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
-    engine: Literal["baseline", "tuned"] = "baseline"
+    engine: str = DEFAULT_PROFILE  # an engine profile (models.engines): vllm-v1, vllm-0.6, sglang, trtllm, ...
     distilled_from: str | None = None
     distillation: Distillation = Distillation()
     quality_in_distribution: Annotated[float, Field(gt=0, le=1)] | None = None  # override defaults
@@ -151,6 +156,21 @@ class Deployment(_Strict):
         except ConfigError as err:
             raise ValueError(str(err)) from None
         return v
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, v: str) -> str:
+        return resolve(v)  # aliases (baseline, tuned) resolve to the profile they name
+
+    def scheduling(self) -> Scheduling:
+        """The engine profile's scheduling with this deployment's overrides."""
+        s = get_profile(self.engine).scheduling
+        return Scheduling(
+            prefill=self.prefill or s.prefill,
+            chunked_prefill=s.chunked_prefill if self.chunked_prefill is None else self.chunked_prefill,
+            max_num_batched_tokens=self.max_num_batched_tokens or s.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs or s.max_num_seqs,
+            scheduler_steps=self.scheduler_steps or s.scheduler_steps)
 
     @field_validator("model", "distilled_from")
     @classmethod

@@ -9,8 +9,9 @@ import pytest
 
 import models.calibration as cal
 from models.cost import CostModel, Efficiency
+from models.engines import efficiency_for
 
-COMMITTED = {e: cal.EFFICIENCY[("hopper", e)] for e in cal.ENGINE_PROFILES}
+COMMITTED = {e: efficiency_for("hopper", e) for e in cal.ENGINE_PROFILES}
 
 
 def test_every_anchor_within_25_percent() -> None:
@@ -37,19 +38,18 @@ def test_committed_profiles_are_current() -> None:
     assert _spread(_predictions(refit), _predictions(COMMITTED)) < 0.02
 
 
-def test_fit_converges_from_a_perturbed_start(monkeypatch: pytest.MonkeyPatch) -> None:
-    """fit() starts from EFFICIENCY; starting elsewhere must reach the same predictions, or the
-    check above only shows that the optimiser stops where it starts."""
+def test_fit_converges_from_a_perturbed_start() -> None:
+    """fit() starts from the committed factors; starting elsewhere must reach the same
+    predictions, or the check above only shows that the optimiser stops where it starts."""
     moved = {k: dataclasses.replace(v, mfu_max=0.8 * v.mfu_max, mfu_max_quant=min(0.95, 1.25 * v.mfu_max_quant),
                                     bw_eff=0.75 * v.bw_eff, step_overhead_s=v.step_overhead_s + 5e-4,
                                     layer_overhead_s=1.25 * v.layer_overhead_s + 2e-5)
-             for k, v in cal.EFFICIENCY.items()}
-    monkeypatch.setattr(cal, "EFFICIENCY", moved)
-    assert _spread(_predictions(cal.fit()), _predictions(COMMITTED)) < 0.02
+             for k, v in COMMITTED.items()}
+    assert _spread(_predictions(cal.fit(start=moved)), _predictions(COMMITTED)) < 0.02
 
 
 def test_engine_profiles_share_hardware_factors() -> None:
-    b, t = COMMITTED["baseline"], COMMITTED["tuned"]
+    b, t = COMMITTED["trtllm-untuned"], COMMITTED["trtllm"]
     for f in cal.SHARED:
         assert getattr(b, f) == getattr(t, f), f
     for e in COMMITTED.values():
@@ -78,7 +78,7 @@ def _synthetic(truth: Efficiency, weights: str, seed: int, sigma: float, n: int 
     return batch, context, new, t * np.exp(rng.normal(0.0, sigma, n))
 
 
-START = COMMITTED["baseline"]
+START = COMMITTED["trtllm-untuned"]
 TRUTH = dataclasses.replace(START, mfu_max=0.5, mfu_max_quant=0.4, bw_eff=0.8,
                             step_overhead_s=3e-3, layer_overhead_s=1e-4)
 

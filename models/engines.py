@@ -1,0 +1,147 @@
+"""Engine profiles: what a real serving engine achieves on the hardware, and how it schedules.
+
+A profile is named after the engine and version people run (`vllm-v1`, `vllm-0.6`, `sglang`,
+`trtllm`, `trtllm-untuned`). It holds
+
+- the efficiency factors of the step cost model (`Efficiency`): the hardware-side fractions of
+  peak (`mfu_max`, `mfu_max_quant`, `bw_eff`, all-reduce latency), shared by every profile and
+  fitted to step-level anchors (`models.calibration.fit`), and the software-side fixed costs,
+  fitted per profile: once per engine step (`step_overhead_s`), once per layer per forward pass
+  (`layer_overhead_s`) and once per running sequence per step (`seq_overhead_s`: host-side
+  scheduling, sampling, detokenisation and output processing, which grows with the batch);
+- the scheduling behaviour (`Scheduling`): whether prefills share a step with decodes
+  (`"mixed"`, vLLM V1, TensorRT-LLM in-flight batching) or run in steps of their own that come
+  first (`"separate"`, vLLM 0.6's default scheduler, SGLang), whether long prompts are chunked,
+  and the engine's default `max_num_batched_tokens` and `max_num_seqs`.
+
+The fitted numbers live here, as data both the cost model and the calibrators read (re-derive
+them with `python -m models.calibration` and `python -m experiments.calibrate --profiles`; the
+tests check they are current). Sources and fit errors: docs/CALIBRATION.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from models.errors import ConfigError, unknown
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fractions of peak and fixed costs of a real engine on one GPU family."""
+
+    mfu_max: float  # achieved fraction of peak FLOPs at large tokens per step, bf16 weights
+    mfu_max_quant: float  # the same for quantised weights, of that format's own (higher) peak
+    mfu_half_tokens: float  # tokens per step at which half of mfu_max is reached
+    bw_eff: float  # achieved fraction of HBM bandwidth
+    step_overhead_s: float  # once per engine step: scheduling, launching the step
+    layer_overhead_s: float  # per layer per forward pass: launches and syncs not hidden by graphs
+    allreduce_latency_s: float  # fixed latency of one small all-reduce
+    comm_eff: float  # achieved fraction of interconnect bandwidth for large all-reduces
+    seq_overhead_s: float = 0.0  # per running sequence per engine step: host-side work on its output
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Scheduling:
+    """How an engine builds each step (see sim/engine.py for the order of work)."""
+
+    prefill: Literal["mixed", "separate"]  # prefill chunks share steps with decodes, or run first, alone
+    chunked_prefill: bool  # long prompts split over steps by the token budget (else whole prompts)
+    max_num_batched_tokens: int  # the engine's default token budget per step
+    max_num_seqs: int  # the engine's default running-sequence limit
+    scheduler_steps: int = 1  # decode steps per scheduling decision (vLLM 0.6 --num-scheduler-steps)
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    name: str
+    engine: str  # the engine and version, in words
+    scheduling: Scheduling
+    software: dict[str, float]  # step_overhead_s, layer_overhead_s, seq_overhead_s
+    fitted_to: str  # what the software factors were fitted to
+    note: str = ""
+
+
+# Hardware-side factors of the Hopper family, fitted to the step-level anchors by
+# models.calibration.fit() (docs/CALIBRATION.md); shared by every profile.
+HARDWARE: dict[str, float] = dict(mfu_max=0.6312, mfu_max_quant=0.4988, bw_eff=0.9264, allreduce_latency_s=2e-6)
+# Held fixed (orientation values, docs/CALIBRATION.md)
+FIXED: dict[str, float] = dict(mfu_half_tokens=24.0, comm_eff=0.7)
+SOFTWARE_FIELDS = ("step_overhead_s", "layer_overhead_s", "seq_overhead_s")
+
+PROFILES: dict[str, EngineProfile] = {
+    p.name: p
+    for p in (
+        EngineProfile(
+            "vllm-v1", "vLLM V1 engine (vLLM 0.8 and later; the only engine from 0.11)",
+            # chunked prefill always on; defaults for the OpenAI server on >= 70 GiB GPUs
+            # (vllm/engine/arg_utils.py, default_max_num_batched_tokens / default_max_num_seqs)
+            Scheduling("mixed", True, 8192, 1024),
+            dict(step_overhead_s=2.0e-3, layer_overhead_s=0.0, seq_overhead_s=2.0e-5),
+            "placeholder, refitted by experiments.calibrate"),
+        EngineProfile(
+            "vllm-0.6", "vLLM 0.6.x (V0 engine, default scheduler: prefills first, no chunking)",
+            Scheduling("separate", False, 8192, 256),
+            dict(step_overhead_s=2.0e-3, layer_overhead_s=0.0, seq_overhead_s=4.0e-5),
+            "placeholder, refitted by experiments.calibrate"),
+        EngineProfile(
+            "sglang", "SGLang 0.3-0.4 (prefill batches first, chunked at 8192 tokens)",
+            Scheduling("separate", True, 8192, 1024),
+            dict(step_overhead_s=2.0e-3, layer_overhead_s=0.0, seq_overhead_s=1.0e-5),
+            "placeholder, refitted by experiments.calibrate"),
+        EngineProfile(
+            "trtllm", "TensorRT-LLM, tuned (in-flight batching: whole context requests mixed with generation)",
+            Scheduling("mixed", False, 8192, 2048),
+            dict(step_overhead_s=1.161e-3, layer_overhead_s=0.0, seq_overhead_s=0.0),
+            "step-level anchors of tuned TensorRT-LLM (MLPerf v4.1, perf-overview, tuned FP8)"),
+        EngineProfile(
+            "trtllm-untuned", "TensorRT-LLM 0.16 at default build settings, BF16 (the performance-tuning guide's start)",
+            Scheduling("mixed", False, 8192, 256),
+            dict(step_overhead_s=0.0, layer_overhead_s=2.174e-4, seq_overhead_s=0.0),
+            "step-level anchors of untuned BF16 TensorRT-LLM and draft-cost ratios"),
+    )
+}
+# Names of earlier releases: `baseline` was fitted to untuned TensorRT-LLM, `tuned` to tuned TensorRT-LLM.
+ALIASES = {"baseline": "trtllm-untuned", "tuned": "trtllm"}
+# What most planners run today (vLLM V1 is vLLM's only engine since 0.11): docs/CALIBRATION.md
+DEFAULT_PROFILE = "vllm-v1"
+PROFILE_NAMES = tuple(PROFILES) + tuple(ALIASES)
+
+
+def get_profile(name: str) -> EngineProfile:
+    """The profile of this name (or alias); an unknown name is a one-line error."""
+    key = name.lower()
+    key = ALIASES.get(key, key)
+    if key not in PROFILES:
+        raise unknown("engine profile", name, PROFILE_NAMES)
+    return PROFILES[key]
+
+
+def resolve(name: str) -> str:
+    """The canonical profile name (aliases resolved)."""
+    return get_profile(name).name
+
+
+_FAMILIES_UNCALIBRATED = ("ampere", "blackwell", "ada", "cdna3")
+
+
+def efficiency_for(gpu_family: str, engine: str = DEFAULT_PROFILE) -> Efficiency:
+    """The calibrated efficiency of this GPU family under an engine profile. Only Hopper has
+    anchors; other families reuse its factors and say so in `source`."""
+    p = get_profile(engine)
+    src = f"{p.name}: {p.fitted_to} (docs/CALIBRATION.md)"
+    if gpu_family != "hopper":
+        src = f"uncalibrated on {gpu_family}: Hopper's factors; {src}"
+    return Efficiency(**HARDWARE, **FIXED, **p.software, source=src)
+
+
+def with_software(profile: str, software: dict[str, float]) -> EngineProfile:
+    """A copy of the profile with other software factors (for fitting)."""
+    bad = set(software) - set(SOFTWARE_FIELDS)
+    if bad:
+        raise ConfigError(f"unknown software factor(s) {sorted(bad)} (known: {', '.join(SOFTWARE_FIELDS)})")
+    p = get_profile(profile)
+    return dataclasses.replace(p, software={**p.software, **software})
