@@ -42,9 +42,9 @@ from sim.workload import LengthSampler, streams
 FIT_METRICS = ("mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms", "mean_ttft_ms", "median_ttft_ms",
                "request_throughput", "output_throughput")
 # bounds and scales of the software factors in a fit
-_LO = {"step_overhead_s": 0.0, "layer_overhead_s": 0.0, "seq_overhead_s": 0.0}
-_HI = {"step_overhead_s": 0.03, "layer_overhead_s": 3e-4, "seq_overhead_s": 5e-4}
-_SCALE = {"step_overhead_s": 1e-3, "layer_overhead_s": 1e-5, "seq_overhead_s": 1e-5}
+_LO = {"step_overhead_s": 0.0, "layer_overhead_s": 0.0, "seq_overhead_s": 0.0, "frontend_s": 0.0, "draft_pass_overhead_s": 0.0}
+_HI = {"step_overhead_s": 0.03, "layer_overhead_s": 3e-4, "seq_overhead_s": 5e-4, "frontend_s": 1.0, "draft_pass_overhead_s": 0.01}
+_SCALE = {"step_overhead_s": 1e-3, "layer_overhead_s": 1e-5, "seq_overhead_s": 1e-5, "frontend_s": 1e-2, "draft_pass_overhead_s": 1e-3}
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from models.engines import DEFAULT_PROFILE, PROFILE_NAMES
 from models.errors import ConfigError
 
 
@@ -22,7 +23,10 @@ def _cost(a: argparse.Namespace) -> int:
         if (name == "context" and v < 0) or (name != "context" and v < 1):
             flag = "--" + name.replace("_", "-")
             raise ConfigError(f"{flag} must be {'>= 0' if name == 'context' else '>= 1'}, got {v}")
-    cost = CostModel(a.model, a.gpu, a.tp, a.weights, a.kv_cache, engine=a.engine)
+    from models.engines import get_profile
+
+    profile = get_profile(a.engine)
+    cost = CostModel(a.model, a.gpu, a.tp, a.weights, a.kv_cache, engine=profile.name)
     if a.draft:
         draft = get_model(a.draft)
         if draft.tokenizer_family != cost.model.tokenizer_family:
@@ -35,10 +39,11 @@ def _cost(a: argparse.Namespace) -> int:
                max_num_seqs_at_context=plan.max_num_seqs_at_context(a.context + a.new_tokens),
                weight_bytes_per_gpu=cost.weight_bytes_per_gpu, kv_bytes_per_token_per_gpu=cost.kv_bytes_per_token_gpu,
                tokens_per_s=a.batch * a.new_tokens / step.total_s, model=cost.model.name, gpu=cost.gpu.name,
-               tp=cost.tp, weights=cost.weights.name, kv_cache=cost.kv.name, engine=a.engine,
+               tp=cost.tp, weights=cost.weights.name, kv_cache=cost.kv.name, engine=profile.name,
+               seq_overhead_share=step.seq_overhead_s / step.total_s,
                efficiency_source=cost.eff.source)
     if a.draft:
-        d = CostModel(a.draft, a.gpu, a.tp, a.weights, a.kv_cache, engine=a.engine)
+        d = CostModel(a.draft, a.gpu, a.tp, a.weights, a.kv_cache, engine=profile.name)
         ds = d.uniform(a.batch, a.context, 1, step_overhead=False)
         out["draft_pass_s"] = ds.total_s
         out["draft_cost_ratio"] = ds.total_s / cost.uniform(a.batch, a.context, 1).total_s
@@ -46,7 +51,8 @@ def _cost(a: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     gib = 2**30
-    print(f"{cost.model.name} on {a.tp}x {cost.gpu.name} ({cost.weights.name} weights, {cost.kv.name} KV, {a.engine} engine)")
+    print(f"{cost.model.name} on {a.tp}x {cost.gpu.name} ({cost.weights.name} weights, {cost.kv.name} KV, "
+          f"engine profile {profile.name}: {profile.engine})")
     print(f"  batch {a.batch} x {a.new_tokens} new token(s) at context {a.context}")
     print(f"  step time      {step.total_s * 1e3:9.3f} ms   ({out['tokens_per_s']:.0f} tok/s)")
     print(f"    compute      {step.compute_s * 1e3:9.3f} ms   {step.flops / 1e12:.2f} TFLOP per GPU")
@@ -54,7 +60,9 @@ def _cost(a: argparse.Namespace) -> int:
           f"(weights {step.weight_bytes / 1e9:.2f}, KV read {step.kv_read_bytes / 1e9:.2f}, "
           f"KV write {step.kv_write_bytes / 1e9:.3f}, activations {step.act_bytes / 1e9:.3f})")
     print(f"    comm         {step.comm_s * 1e3:9.3f} ms")
-    print(f"    overhead     {step.overhead_s * 1e3:9.3f} ms")
+    print(f"    overhead     {step.overhead_s * 1e3:9.3f} ms   of which per-sequence host work "
+          f"{step.seq_overhead_s * 1e3:.3f} ms ({out['seq_overhead_share']:.0%} of the step: "
+          f"{cost.eff.seq_overhead_s * 1e6:.1f} us x {a.batch} sequences)")
     print(f"  memory: weights {cost.weight_bytes_per_gpu / gib:.1f} GiB/GPU, KV pool {plan.kv_pool_bytes / gib:.1f} GiB/GPU "
           f"= {plan.kv_capacity_tokens} tokens; {out['max_num_seqs_at_context']} sequences of "
           f"{a.context + a.new_tokens} tokens fit")
@@ -163,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tp", type=int, default=4)
     c.add_argument("--weights", default="bf16")
     c.add_argument("--kv-cache", default="bf16")
-    c.add_argument("--engine", default="baseline", choices=["baseline", "tuned"])
+    c.add_argument("--engine", default=DEFAULT_PROFILE, help=f"engine profile: {', '.join(PROFILE_NAMES)} (default {DEFAULT_PROFILE})")
     c.add_argument("--batch", type=int, default=1)
     c.add_argument("--context", type=int, default=2048)
     c.add_argument("--new-tokens", type=int, default=1)

@@ -27,7 +27,7 @@ import pandas as pd
 
 from experiments.sweep import Variant, check_distinct, default_sweep_path, parse_variant
 from models.catalog import GPUS, get_gpu
-from models.engines import get_profile
+from models.engines import get_profile, resolve
 from models.errors import ConfigError, unknown
 from sim.deployment import build_runtime, gpus_per_replica
 from sim.scenario import SLO_KEYS, Scenario, gpu_name, load_scenario, read_toml, slo_key_hint
@@ -574,7 +574,8 @@ def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
              teacher_updates: float | None = None) -> dict[str, Any]:
     """The planning answer for one strategy on one GPU type at one traffic rate."""
     tu = spec.teacher_updates_per_month if teacher_updates is None else teacher_updates
-    row: dict[str, Any] = {"strategy": s.name, "gpu": gpu, "rate_rps": rate}
+    engine = resolve(str(s.overrides.get("deployment.engine", spec.base.deployment.engine)))
+    row: dict[str, Any] = {"strategy": s.name, "gpu": gpu, "engine_profile": engine, "rate_rps": rate}
     why = spec.not_applicable.get((s.name, gpu))
     if why is not None:
         return {**row, "feasible": False, "reason": f"not applicable: {why}", "evaluations": 0}

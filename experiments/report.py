@@ -261,6 +261,14 @@ def summary_text(df: pd.DataFrame, sp: pd.DataFrame, capacities: dict[str, dict[
     return lines
 
 
+def _other_profiles(df: pd.DataFrame, base: str) -> str:
+    """' (variants also on X, Y)' when some variant runs another engine profile."""
+    if "engine_profile" not in df:
+        return ""
+    other = sorted(set(df.engine_profile.dropna()) - {base})
+    return f" (variants also on {', '.join(html.escape(str(o)) for o in other)})" if other else ""
+
+
 def write_report(df: pd.DataFrame, sp: pd.DataFrame, out: str | Path, *, spec: Any = None,
                  capacities: dict[str, dict[str, float]] | None = None) -> Path:
     """Write report.html: one self-contained file (plotly.js embedded once)."""
@@ -286,7 +294,8 @@ def write_report(df: pd.DataFrame, sp: pd.DataFrame, out: str | Path, *, spec: A
     if spec is not None:
         b = spec.base
         setup = (f"<p>Base: {html.escape(b.deployment.model)} ({b.deployment.weights}) on {b.rack.num_gpus}x {b.rack.gpu}, "
-                 f"TP{b.deployment.tensor_parallel}; {len(spec.variants)} variants; utilisation {min(spec.utilisation):.2f}-"
+                 f"TP{b.deployment.tensor_parallel}, engine profile {html.escape(b.deployment.engine)}"
+                 f"{_other_profiles(df, b.deployment.engine)}; {len(spec.variants)} variants; utilisation {min(spec.utilisation):.2f}-"
                  f"{max(spec.utilisation):.2f}; seeds {list(spec.seeds)}; {b.workload.duration_s:.0f} s per run "
                  f"({b.workload.warmup_s:.0f} s warm-up excluded).</p>")
     doc = f"""<!DOCTYPE html>

@@ -80,12 +80,12 @@ ANCHORS: tuple[Anchor, ...] = (
     Anchor("trtllm-70b-fp8-tp2-1000-1000", "tok_s", 4205, "llama-3.1-70b", "h100-sxm", 2, 2, "fp8", "fp8",
            1000, 1000, None, 2048, f"{_TRT}, perf-overview (v1.0 era)", "FP8 KV assumed"),
     Anchor("draft-ratio-70b", "draft_ratio", 0.125, "llama-3.1-70b", "h100-sxm", 4, 4, "bf16", "bf16",
-           1024, 256, 1, 1, "shared/reference/README.md: draft forward / target forward for Llama-3-70B targets",
+           1024, 256, 1, 1, "vLLM 0.10.1 on H100 (SpecDecode-Bench, arXiv 2601.11580; shared/reference/README.md): draft forward / target forward, Llama-3-70B targets",
            "Llama-3.2-1B draft at the target's TP4, batch 1; a draft pass pays no engine-step overhead",
-           draft="llama-3.2-1b", engine="trtllm-untuned"),
+           draft="llama-3.2-1b", engine="vllm-v1"),
     Anchor("draft-ratio-8b", "draft_ratio", 0.375, "llama-3.1-8b", "h100-sxm", 1, 1, "bf16", "bf16",
-           1024, 256, 1, 1, "shared/reference/README.md: draft forward / target forward for 8B targets",
-           "Llama-3.2-1B draft, TP1, batch 1", draft="llama-3.2-1b", engine="trtllm-untuned"),
+           1024, 256, 1, 1, "vLLM 0.10.1 on H100 (SpecDecode-Bench, arXiv 2601.11580; shared/reference/README.md): draft forward / target forward, 8B targets",
+           "Llama-3.2-1B draft, TP1, batch 1", draft="llama-3.2-1b", engine="vllm-v1"),
 )
 
 def predict(anchor: Anchor, eff: Efficiency) -> float:
@@ -115,9 +115,9 @@ SHARED = tuple(HARDWARE)
 PER_ENGINE = ("step_overhead_s", "layer_overhead_s")
 ENGINE_PROFILES = ("trtllm-untuned", "trtllm")
 _LO = {"mfu_max": 0.15, "mfu_max_quant": 0.15, "bw_eff": 0.3, "allreduce_latency_s": 2e-6,
-       "step_overhead_s": 0.0, "layer_overhead_s": 0.0, "seq_overhead_s": 0.0}
+       "step_overhead_s": 0.0, "layer_overhead_s": 0.0, "seq_overhead_s": 0.0, "frontend_s": 0.0, "draft_pass_overhead_s": 0.0}
 _HI = {"mfu_max": 0.95, "mfu_max_quant": 0.95, "bw_eff": 0.95, "allreduce_latency_s": 1e-4,
-       "step_overhead_s": 0.02, "layer_overhead_s": 3e-4, "seq_overhead_s": 5e-4}
+       "step_overhead_s": 0.02, "layer_overhead_s": 3e-4, "seq_overhead_s": 5e-4, "frontend_s": 1.0, "draft_pass_overhead_s": 0.01}
 _SCALE = {"mfu_max": 0.1, "mfu_max_quant": 0.1, "bw_eff": 0.1, "allreduce_latency_s": 1e-5,
           "step_overhead_s": 1e-3, "layer_overhead_s": 1e-5, "seq_overhead_s": 1e-5}
 _KEYS = SHARED + tuple(f"{f}@{e}" for e in ENGINE_PROFILES for f in PER_ENGINE)
@@ -127,7 +127,7 @@ def _profiles(x: np.ndarray, source: str) -> dict[str, Efficiency]:
     v = dict(zip(_KEYS, map(float, x), strict=True))
     shared = {f: v[f] for f in SHARED}
     return {e: Efficiency(**shared, **{f: v[f"{f}@{e}"] for f in PER_ENGINE}, **FIXED, seq_overhead_s=0.0,
-                          source=source)
+                          frontend_s=0.0, draft_pass_overhead_s=0.0, source=source)
             for e in ENGINE_PROFILES}
 
 
@@ -142,9 +142,11 @@ def fit(anchors: tuple[Anchor, ...] = ANCHORS, start: dict[str, Efficiency] | No
     lo = np.array([_LO[k.split("@")[0]] for k in _KEYS])
     hi = np.array([_HI[k.split("@")[0]] for k in _KEYS])
 
+    mine = [a for a in anchors if a.engine in ENGINE_PROFILES]  # the other profiles' anchors: experiments.calibrate
+
     def resid(x: np.ndarray) -> np.ndarray:
         prof = _profiles(x, "")
-        return np.array([np.log(predict(a, prof[a.engine]) / a.value) for a in anchors])
+        return np.array([np.log(predict(a, prof[a.engine]) / a.value) for a in mine])
 
     res = least_squares(resid, np.clip(x0, lo, hi), bounds=(lo, hi), x_scale=[_SCALE[k.split("@")[0]] for k in _KEYS])
     return _profiles(res.x, "fit to ANCHORS by models.calibration.fit()")
@@ -240,7 +242,7 @@ def load_efficiency(path: str | Path, base: Efficiency | None = None) -> Efficie
 
 def table(profiles: dict[str, Efficiency] | None = None) -> list[dict[str, object]]:
     """Anchor, published figure, prediction and error: the table of docs/CALIBRATION.md."""
-    profiles = profiles or {e: _committed(e) for e in ENGINE_PROFILES}
+    profiles = {e: _committed(e) for e in {a.engine for a in ANCHORS}} | (profiles or {})
     rows = []
     for a in ANCHORS:
         p = predict(a, profiles[a.engine])

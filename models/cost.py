@@ -14,8 +14,9 @@ tokens already in its KV cache (`context`). The step is charged
                                                    KV read once per sequence (shared by its k+1
                                                    verified tokens), KV written, activations
     comm_s     = 2 all-reduces per layer (tensor parallel), each latency + ring volume / link
-    overhead_s = per-layer launch overhead of each forward pass, plus, for an engine step (not a
-                 draft pass), the per-step overhead and the per-sequence host cost x sequences
+    overhead_s = per-layer launch overhead of each forward pass, plus, for an engine step, the
+                 per-step overhead and the per-sequence host cost x sequences, or, for a draft
+                 pass (`step_overhead=False`), the per-draft-pass overhead
 
 `mfu(tokens) = mfu_max * tokens / (tokens + mfu_half_tokens)`: the linear layers' GEMMs over a
 step with few tokens reach a small fraction of peak. Attention kernels work per sequence and are
@@ -170,7 +171,7 @@ class CostModel:
         else:
             comm_s = 0.0
         seq_s = e.seq_overhead_s * num_seqs if step_overhead else 0.0
-        overhead_s = self.pass_overhead_s + (e.step_overhead_s if step_overhead else 0.0) + seq_s
+        overhead_s = self.pass_overhead_s + (e.step_overhead_s if step_overhead else e.draft_pass_overhead_s) + seq_s
         total = busy + comm_s + overhead_s
         return StepCost(flops, w, kv_r, kv_w, act, compute_s, memory_s, comm_s, overhead_s, total, seq_s)
 
@@ -189,7 +190,8 @@ class CostModel:
                           self.kv_bytes_per_token_gpu * (np.asarray(context_tokens) + t) / self.bw)
         comm = (self.n_allreduce * (e.allreduce_latency_s + self.ring_factor * t * m.hidden_size * ACT_BYTES / self.comm_bw)
                 if self.n_allreduce else 0.0)
-        over = self.pass_overhead_s + (e.step_overhead_s + e.seq_overhead_s * num_seqs if step_overhead else 0.0)
+        over = self.pass_overhead_s + (e.step_overhead_s + e.seq_overhead_s * num_seqs if step_overhead
+                                       else e.draft_pass_overhead_s)
         return np.where(np.asarray(tokens) > 0, lin + attn + comm + over, 0.0)
 
     def step(self, new_tokens: np.ndarray | list[int], context: np.ndarray | list[int], *, step_overhead: bool = True) -> StepCost:

@@ -8,7 +8,10 @@ A profile is named after the engine and version people run (`vllm-v1`, `vllm-0.6
   fitted to step-level anchors (`models.calibration.fit`), and the software-side fixed costs,
   fitted per profile: once per engine step (`step_overhead_s`), once per layer per forward pass
   (`layer_overhead_s`) and once per running sequence per step (`seq_overhead_s`: host-side
-  scheduling, sampling, detokenisation and output processing, which grows with the batch);
+  scheduling, sampling, detokenisation and output processing, which grows with the batch), and
+  once per request between the client's send and the engine's queue (`frontend_s`: HTTP,
+  tokenisation; it adds to TTFT and E2E, never to throughput), and once per draft forward pass
+  (`draft_pass_overhead_s`: a small draft's pass is launch- and sync-bound, not work-bound);
 - the scheduling behaviour (`Scheduling`): whether prefills share a step with decodes
   (`"mixed"`, vLLM V1, TensorRT-LLM in-flight batching) or run in steps of their own that come
   first (`"separate"`, vLLM 0.6's default scheduler, SGLang), whether long prompts are chunked,
@@ -41,6 +44,8 @@ class Efficiency:
     allreduce_latency_s: float  # fixed latency of one small all-reduce
     comm_eff: float  # achieved fraction of interconnect bandwidth for large all-reduces
     seq_overhead_s: float = 0.0  # per running sequence per engine step: host-side work on its output
+    frontend_s: float = 0.0  # per request, from the client's send to the engine's queue (HTTP, tokenisation)
+    draft_pass_overhead_s: float = 0.0  # per draft forward pass: its launch, draft sampling, host sync
     source: str = ""
 
 
@@ -60,7 +65,7 @@ class EngineProfile:
     name: str
     engine: str  # the engine and version, in words
     scheduling: Scheduling
-    software: dict[str, float]  # step_overhead_s, layer_overhead_s, seq_overhead_s
+    software: dict[str, float]  # the SOFTWARE_FIELDS
     fitted_to: str  # what the software factors were fitted to
     note: str = ""
 
@@ -70,7 +75,7 @@ class EngineProfile:
 HARDWARE: dict[str, float] = dict(mfu_max=0.6312, mfu_max_quant=0.4988, bw_eff=0.9264, allreduce_latency_s=2e-6)
 # Held fixed (orientation values, docs/CALIBRATION.md)
 FIXED: dict[str, float] = dict(mfu_half_tokens=24.0, comm_eff=0.7)
-SOFTWARE_FIELDS = ("step_overhead_s", "layer_overhead_s", "seq_overhead_s")
+SOFTWARE_FIELDS = ("step_overhead_s", "layer_overhead_s", "seq_overhead_s", "frontend_s", "draft_pass_overhead_s")
 
 PROFILES: dict[str, EngineProfile] = {
     p.name: p
@@ -80,27 +85,27 @@ PROFILES: dict[str, EngineProfile] = {
             # chunked prefill always on; defaults for the OpenAI server on >= 70 GiB GPUs
             # (vllm/engine/arg_utils.py, default_max_num_batched_tokens / default_max_num_seqs)
             Scheduling("mixed", True, 8192, 1024),
-            dict(step_overhead_s=2.0e-3, layer_overhead_s=0.0, seq_overhead_s=2.0e-5),
+            dict(step_overhead_s=2.0e-3, layer_overhead_s=0.0, seq_overhead_s=2.0e-5, frontend_s=0.0, draft_pass_overhead_s=0.0),
             "placeholder, refitted by experiments.calibrate"),
         EngineProfile(
             "vllm-0.6", "vLLM 0.6.x (V0 engine, default scheduler: prefills first, no chunking)",
             Scheduling("separate", False, 8192, 256),
-            dict(step_overhead_s=2.0e-3, layer_overhead_s=0.0, seq_overhead_s=4.0e-5),
+            dict(step_overhead_s=2.0e-3, layer_overhead_s=0.0, seq_overhead_s=4.0e-5, frontend_s=0.0, draft_pass_overhead_s=0.0),
             "placeholder, refitted by experiments.calibrate"),
         EngineProfile(
             "sglang", "SGLang 0.3-0.4 (prefill batches first, chunked at 8192 tokens)",
             Scheduling("separate", True, 8192, 1024),
-            dict(step_overhead_s=2.0e-3, layer_overhead_s=0.0, seq_overhead_s=1.0e-5),
+            dict(step_overhead_s=2.0e-3, layer_overhead_s=0.0, seq_overhead_s=1.0e-5, frontend_s=0.0, draft_pass_overhead_s=0.0),
             "placeholder, refitted by experiments.calibrate"),
         EngineProfile(
             "trtllm", "TensorRT-LLM, tuned (in-flight batching: whole context requests mixed with generation)",
             Scheduling("mixed", False, 8192, 2048),
-            dict(step_overhead_s=1.161e-3, layer_overhead_s=0.0, seq_overhead_s=0.0),
+            dict(step_overhead_s=1.161e-3, layer_overhead_s=0.0, seq_overhead_s=0.0, frontend_s=0.0, draft_pass_overhead_s=0.0),
             "step-level anchors of tuned TensorRT-LLM (MLPerf v4.1, perf-overview, tuned FP8)"),
         EngineProfile(
             "trtllm-untuned", "TensorRT-LLM 0.16 at default build settings, BF16 (the performance-tuning guide's start)",
             Scheduling("mixed", False, 8192, 256),
-            dict(step_overhead_s=0.0, layer_overhead_s=2.174e-4, seq_overhead_s=0.0),
+            dict(step_overhead_s=0.0, layer_overhead_s=2.174e-4, seq_overhead_s=0.0, frontend_s=0.0, draft_pass_overhead_s=0.0),
             "step-level anchors of untuned BF16 TensorRT-LLM and draft-cost ratios"),
     )
 }

@@ -65,8 +65,10 @@ class ClosedLoop:
     table as requests are sent (latencies count from the send, as vLLM's benchmark times them)."""
 
     def __init__(self, env: simpy.Environment, reqs: Requests, replicas: list[Replica], router: str,
-                 concurrency: int, think_s: np.ndarray | None = None, not_before: np.ndarray | None = None) -> None:
+                 concurrency: int, think_s: np.ndarray | None = None, not_before: np.ndarray | None = None,
+                 frontend_s: float = 0.0) -> None:
         self.env, self.reqs, self.replicas, self.router = env, reqs, replicas, router
+        self.frontend_s = frontend_s
         self.think_s = think_s
         self.not_before = not_before  # open-loop arrival times behind a concurrency cap
         self.next = 0
@@ -88,6 +90,14 @@ class ClosedLoop:
 
     def _submit(self, i: int) -> None:
         self.reqs.arrival[i] = self.env.now
+        if self.frontend_s > 0:  # the request reaches the engine's queue after the frontend
+            self.env.process(self._enqueue_after(i, self.frontend_s))
+            return
+        _route(self.replicas, self.router, self.rr).submit(i)
+        self.rr += 1
+
+    def _enqueue_after(self, i: int, delay: float) -> Generator[simpy.Event, Any, None]:
+        yield self.env.timeout(delay)
         _route(self.replicas, self.router, self.rr).submit(i)
         self.rr += 1
 
@@ -139,11 +149,15 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     engine_rng = streams(seed)["engine"]
     rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(int(engine_rng.integers(2**63))).spawn(rt.num_replicas)]
     stop = env.event()
+    frontend = rt.cost.eff.frontend_s
     limit = backlog_limit if backlog_limit is not None else 20 * rt.max_num_seqs
     limit *= rt.num_replicas
     replicas: list[Replica] = []
     if concurrency is None:
-        env.process(_arrivals(env, arrival, replicas, sc.deployment.router, stop, limit))
+        # the engine queues a request after the frontend's latency (HTTP, tokenisation); its
+        # arrival (the client's send) stays, so TTFT and E2E include the frontend
+        queued = arrival + frontend if frontend > 0 else arrival
+        env.process(_arrivals(env, queued, replicas, sc.deployment.router, stop, limit))
         replicas.extend(Replica(env, i, rt, reqs, rngs[i], log) for i in range(rt.num_replicas))
         drain = sc.sim.drain_s if sc.sim.drain_s is not None else max(wl.duration_s, 600.0)
         horizon = horizon_s if horizon_s is not None else (float(arrival[-1]) if arrival.size else 0.0) + drain
@@ -151,7 +165,7 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         release = arrival.copy() if gate_arrivals else None
         arrival = reqs.arrival = np.full(arrival.size, np.nan)  # written as the clients send
         replicas.extend(Replica(env, i, rt, reqs, rngs[i], log) for i in range(rt.num_replicas))
-        ClosedLoop(env, reqs, replicas, sc.deployment.router, concurrency, think_s, release)
+        ClosedLoop(env, reqs, replicas, sc.deployment.router, concurrency, think_s, release, frontend)
         horizon = horizon_s if horizon_s is not None else 1e12  # a closed loop ends when its requests are done
     bar = Progress(arrival.size, sc.name) if progress else None
     done_ev = env.process(_watch_done(env, reqs, bar))

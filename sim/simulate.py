@@ -89,6 +89,7 @@ def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False, w
                   slo=sc.slo.targets(), truncated=truncated, horizon_s=t_end)
     s.update(_economics(sc, rt, req, s))
     s["rejected_requests"] = int(req.attrs.get("rejected", 0))
+    s["engine_profile"] = rt.engine  # the engine profile the step costs and scheduling came from
     s["num_replicas"] = rt.num_replicas
     s["kv_capacity_tokens"] = rt.plan.kv_capacity_tokens
     s["kv_pool_gib"] = rt.plan.kv_pool_bytes / 2**30
