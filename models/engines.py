@@ -85,18 +85,24 @@ PROFILES: dict[str, EngineProfile] = {
             # chunked prefill always on; defaults for the OpenAI server on >= 70 GiB GPUs
             # (vllm/engine/arg_utils.py, default_max_num_batched_tokens / default_max_num_seqs)
             Scheduling("mixed", True, 8192, 1024),
-            dict(step_overhead_s=2.0e-3, layer_overhead_s=0.0, seq_overhead_s=2.0e-5, frontend_s=0.0, draft_pass_overhead_s=0.0),
-            "placeholder, refitted by experiments.calibrate"),
+            dict(step_overhead_s=0.0, layer_overhead_s=1.084e-4, seq_overhead_s=5.967e-5, frontend_s=5.124e-2,
+                 draft_pass_overhead_s=6.295e-4),
+            "per-draft-pass overhead: draft-cost ratios measured on vLLM 0.10.1; the other software factors held "
+            "from vllm-0.6 (no V1 load curve on a named GPU)"),
         EngineProfile(
             "vllm-0.6", "vLLM 0.6.x (V0 engine, default scheduler: prefills first, no chunking)",
             Scheduling("separate", False, 8192, 256),
-            dict(step_overhead_s=2.0e-3, layer_overhead_s=0.0, seq_overhead_s=4.0e-5, frontend_s=0.0, draft_pass_overhead_s=0.0),
-            "placeholder, refitted by experiments.calibrate"),
+            dict(step_overhead_s=0.0, layer_overhead_s=1.084e-4, seq_overhead_s=5.967e-5, frontend_s=5.124e-2,
+                 draft_pass_overhead_s=6.295e-4),
+            "vLLM 0.6.0 load curves of Llama-3-70B on 4x H100 (the v0.6.0 blog; SGLang's vLLM 0.6.0 benchmark), "
+            "by simulating each benchmark; per-draft-pass overhead held from vllm-v1"),
         EngineProfile(
-            "sglang", "SGLang 0.3-0.4 (prefill batches first, chunked at 8192 tokens)",
+            "sglang", "SGLang 0.3 (prefill batches first, chunked at 8192 tokens; streaming breaks its multi-decode loop)",
             Scheduling("separate", True, 8192, 1024),
-            dict(step_overhead_s=2.0e-3, layer_overhead_s=0.0, seq_overhead_s=1.0e-5, frontend_s=0.0, draft_pass_overhead_s=0.0),
-            "placeholder, refitted by experiments.calibrate"),
+            dict(step_overhead_s=0.0, layer_overhead_s=1.070e-4, seq_overhead_s=8.185e-5, frontend_s=1.805e-2,
+                 draft_pass_overhead_s=6.295e-4),
+            "SGLang 0.3.0 load curves of Llama-3.1-70B on 4x H100 (SGLang's vLLM 0.6.0 benchmark), by simulating "
+            "each benchmark; per-draft-pass overhead held from vllm-v1"),
         EngineProfile(
             "trtllm", "TensorRT-LLM, tuned (in-flight batching: whole context requests mixed with generation)",
             Scheduling("mixed", False, 8192, 2048),

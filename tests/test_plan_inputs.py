@@ -205,7 +205,7 @@ def test_the_effective_inputs_are_echoed(tmp_path: Path) -> None:
     p.write_text(rate_plan(quality='floor_tail = 0.85\ntraining_gpu = "b200"', head='base_set = { "deployment.max_num_batched_tokens" = 2048 }'))
     spec = load_plan(p)
     inputs = spec.inputs()
-    assert "llama-3.1-70b, TP4, weights bf16" in inputs["model"] and "max_num_batched_tokens 2048" in inputs["model"]
+    assert "llama-3.1-70b, TP4, weights bf16" in inputs["model"] and "max_num_batched_tokens 2048" in inputs["engine"]
     assert "8x h100-sxm" in inputs["base rack"]
     assert inputs["SLO"].startswith("p99 TTFT <= 2 s, p99 TPOT <= 200 ms")
     assert inputs["tail-quality floor"] == "0.85"
