@@ -30,7 +30,7 @@ def test_aliases_resolve_and_unknown_names_are_one_line_errors(make_scenario) ->
     for alias, name in ALIASES.items():
         assert make_scenario(deployment={"engine": alias}).deployment.engine == name
     assert make_scenario().deployment.engine == DEFAULT_PROFILE == "vllm-v1"
-    with pytest.raises(ConfigError, match="unknown engine profile 'vllm-0.5'"):
+    with pytest.raises(ConfigError, match=r"unknown engine profile 'vllm-0\.5'"):
         make_scenario(deployment={"engine": "vllm-0.5"})
     out = subprocess.run([sys.executable, "-m", "experiments.cli", "cost", "--engine", "vllm-0.5"],
                          capture_output=True, text=True)
