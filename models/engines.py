@@ -112,7 +112,7 @@ PROFILES: dict[str, EngineProfile] = {
             "trtllm-untuned", "TensorRT-LLM 0.16 at default build settings, BF16 (the performance-tuning guide's start)",
             Scheduling("mixed", False, 8192, 256),
             dict(step_overhead_s=0.0, layer_overhead_s=2.174e-4, seq_overhead_s=0.0, frontend_s=0.0, draft_pass_overhead_s=0.0),
-            "step-level anchors of untuned BF16 TensorRT-LLM and draft-cost ratios"),
+            "step-level anchors of untuned BF16 TensorRT-LLM (performance-tuning guide, FP8 guide BF16 row); with them the draft-cost ratios pin the shared hardware factors"),
     )
 }
 # Names of earlier releases: `baseline` was fitted to untuned TensorRT-LLM, `tuned` to tuned TensorRT-LLM.

@@ -258,8 +258,10 @@ def test_adaptive_turns_off_a_useless_draft_and_costs_only_overhead() -> None:
 
 
 def test_overhead_fraction_grows_with_running_sequences() -> None:
-    """spec_overhead_s = target_s x (f0 + f1 x (running - 2)): checked on decode-only steps of a
-    batched run, where every running sequence decodes."""
+    """spec_overhead_s = (f0 + f1 x (decoding - 2)) x the plain (one-token) decode pass of the
+    decoding sequences: checked on decode-only steps of a batched run, where every running
+    sequence decodes. The plain pass reads the same weights and KV as the k+1-token verification,
+    so it is a little cheaper than target_s (exact form: tests/test_engine_profiles.py)."""
     sc = _one_slot({**DRAFT, "num_speculative_tokens": 3}, prompt=256, output=128, num_requests=60, rate_rps=8.0,
                    max_num_seqs=64)
     steps = simulate(sc, seed=1).steps
@@ -267,7 +269,8 @@ def test_overhead_fraction_grows_with_running_sequences() -> None:
     assert d.batch_size.max() > 10
     spec = sc.speculative
     frac = spec.overhead_frac_at_2 + spec.overhead_frac_per_seq * np.maximum(0, d.batch_size.to_numpy() - 2)
-    np.testing.assert_allclose(d.spec_overhead_s.to_numpy(), frac * d.target_s.to_numpy(), rtol=1e-12)
+    ratio = d.spec_overhead_s.to_numpy() / (frac * d.target_s.to_numpy())
+    assert ((ratio > 0.85) & (ratio < 1.0)).all(), (ratio.min(), ratio.max())
     np.testing.assert_allclose(d.duration_s.to_numpy(), (d.target_s + d.draft_s + d.spec_overhead_s).to_numpy(), rtol=1e-12)
     assert (d.draft_s > 0).all()
 
