@@ -1,10 +1,12 @@
 """Speedups, defined once.
 
-For a variant v and a metric x at utilisation u and seed s, the paired speedup is
+For a variant v and a metric x at load point u (a utilisation, or a closed-loop concurrency) and
+seed s, the paired speedup is
     speedup = x(reference, u, s) / x(v, u, s)      for latencies (higher = v is faster)
     speedup = x(v, u, s) / x(reference, u, s)      for throughput
 then the mean over seeds and a 95% Student-t confidence interval (scipy). Crossover: the lowest
-utilisation where the mean ITL (TPOT) speedup falls below 1.0, interpolated linearly.
+load point where the mean ITL (TPOT) speedup falls below 1.0, interpolated linearly (in a
+concurrency sweep, linearly in the number of clients).
 """
 
 from __future__ import annotations
@@ -25,12 +27,22 @@ HIGHER_IS_BETTER = {"throughput_tok_s"}
 HEADLINE = "tpot_s_mean"
 
 
-def speedups(df: pd.DataFrame, reference: str = "baseline") -> pd.DataFrame:
-    """Tidy table: variant, utilisation, metric, mean, ci_low, ci_high, n."""
-    ref = df[df.variant == reference].set_index(["utilisation", "seed"])
+AXES = ("utilisation", "concurrency")
+
+
+def load_axis(df: pd.DataFrame) -> str:
+    """The load axis of a results or speedups table: "concurrency" when it has client counts."""
+    return "concurrency" if "concurrency" in df and df.concurrency.notna().any() else "utilisation"
+
+
+def speedups(df: pd.DataFrame, reference: str = "baseline", x: str = "utilisation") -> pd.DataFrame:
+    """Tidy table: variant, x (utilisation or concurrency), metric, mean, ci_low, ci_high, n."""
+    if x not in AXES:
+        raise ValueError(f"speedups: x must be one of {AXES}, got {x!r}")
+    ref = df[df.variant == reference].set_index([x, "seed"])
     rows = []
-    for (variant, u), g in df.groupby(["variant", "utilisation"], sort=False):
-        g = g.set_index(["utilisation", "seed"])
+    for (variant, u), g in df.groupby(["variant", x], sort=False):
+        g = g.set_index([x, "seed"])
         common = g.index.intersection(ref.index)
         if common.empty:
             continue
@@ -48,17 +60,19 @@ def speedups(df: pd.DataFrame, reference: str = "baseline") -> pd.DataFrame:
                 half = float(stats.t.ppf(0.975, r.size - 1) * r.std(ddof=1) / np.sqrt(r.size))
             else:
                 half = 0.0
-            rows.append({"variant": variant, "utilisation": u, "metric": m, "mean": mean,
+            rows.append({"variant": variant, x: u, "metric": m, "mean": mean,
                          "ci_low": mean - half, "ci_high": mean + half, "n": int(r.size)})
-    return pd.DataFrame(rows, columns=["variant", "utilisation", "metric", "mean", "ci_low", "ci_high", "n"])
+    return pd.DataFrame(rows, columns=["variant", x, "metric", "mean", "ci_low", "ci_high", "n"])
 
 
 def crossovers(sp: pd.DataFrame, metric: str = HEADLINE) -> dict[str, float]:
-    """Per variant: the utilisation where the mean speedup first falls below 1.0 (NaN if never)."""
+    """Per variant: the load point (utilisation or concurrency, whichever the table has) where the
+    mean speedup first falls below 1.0 (NaN if never)."""
+    x = load_axis(sp)
     out: dict[str, float] = {}
     for v, g in sp[sp.metric == metric].groupby("variant", sort=False):
-        g = g.sort_values("utilisation")
-        u, s = g.utilisation.to_numpy(float), g["mean"].to_numpy(float)
+        g = g.sort_values(x)
+        u, s = g[x].to_numpy(float), g["mean"].to_numpy(float)
         cross = float("nan")
         for i in range(len(s)):
             if s[i] < 1.0:

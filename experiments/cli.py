@@ -82,13 +82,15 @@ def _load(a: argparse.Namespace):
 
 def _validate(a: argparse.Namespace) -> int:
     from sim.deployment import build_runtime, check_fits
-    from sim.simulate import offered_rate
+    from sim.simulate import closed_pool, offered_rate
     from sim.workload import generate
 
     sc = _load(a)
     rt = build_runtime(sc)
     # the checks a run makes before its first step: the offered rate, the request table, lengths
-    table = generate(sc.workload, sc.seed, offered_rate(sc))
+    wl = sc.workload
+    pool = closed_pool(sc, rt) if wl.closed and wl.num_requests is None else None
+    table = generate(wl, sc.seed, offered_rate(sc), pool=pool)
     check_fits(sc, rt, table.prompt_tokens.to_numpy(), table.output_tokens.to_numpy())
     print(f"{a.scenario}: ok ({sc.name}: {rt.num_replicas} replica(s) of {sc.deployment.model} TP{sc.deployment.tensor_parallel}"
           f" on {sc.rack.gpu}, KV {rt.plan.kv_capacity_tokens} tokens per replica)")
@@ -129,16 +131,37 @@ def _run(a: argparse.Namespace) -> int:
     s = res.summary
     verdict = {"stable": "stable", "overloaded": "OVERLOADED", "insufficient": "TOO FEW REQUESTS TO JUDGE"}[s["verdict"]]
     print(f"{sc.name} seed {res.seed}: {s['completed_requests']}/{s['offered_requests']} requests, "
-          f"{s['offered_rps']:.2f} req/s offered, {s['throughput_rps']:.2f} served, {s['throughput_tok_s']:.0f} tok/s; "
+          f"{s['offered_rps']:.2f} req/s {'offered' if s['loop'] == 'open' else 'sent'}, {s['throughput_rps']:.2f} served, {s['throughput_tok_s']:.0f} tok/s; "
           f"{verdict}{' (' + s['verdict_reason'] + ')' if s['verdict_reason'] else ''} -> {out}")
     print(f"  capacity {s['capacity_rps']:.2f} req/s" + (f", with speculation {s['speculative_capacity_rps']:.2f}"
                                                         if "speculative_capacity_rps" in s else ""))
+    if s["loop"] != "open":
+        _print_benchmark(s)
     for name, c in s["slo"].items():
         metric, pct, _ = name.split("_")
         print(f"  SLO {name}: {pct} {metric.upper()} {c['value'] * 1e3:.1f} ms vs target {c['target'] * 1e3:.1f} ms "
               f"{'met' if c['met'] else 'MISSED'}")
     print(f"  SLO {'met' if s['slo_met'] else 'NOT met'}")
     return 0
+
+
+def _print_benchmark(s: dict[str, Any]) -> None:
+    """The headline figures of the summary's `benchmark` block, named and laid out as
+    `vllm bench serve` prints them (whole run, no warm-up; docs/METRICS.md)."""
+    b = s["benchmark"]
+    if not b.get("completed"):
+        print("  benchmark: no request completed")
+        return
+    clients = (f"{s['concurrency']} clients" if s["loop"] == "closed"
+               else f"request rate {b['request_rate']:.2f}/s, max concurrency {s['concurrency']}")
+    print(f"  as vllm bench serve reports it ({clients}; whole run, {b['completed']:.0f} requests, "
+          f"{b['duration']:.1f} s):")
+    print(f"    Request throughput (req/s):        {b['request_throughput']:10.2f}")
+    print(f"    Output token throughput (tok/s):   {b['output_throughput']:10.2f}")
+    print(f"    Total token throughput (tok/s):    {b['total_token_throughput']:10.2f}")
+    for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL")):
+        print(f"    {label:<4} mean / median / p99 (ms): {b[f'mean_{name}_ms']:10.2f} {b[f'median_{name}_ms']:10.2f} "
+              f"{b[f'p99_{name}_ms']:10.2f}")
 
 
 def _bench(a: argparse.Namespace) -> int:

@@ -1,5 +1,10 @@
 """Charts as functions from the tidy tables to plotly figures, and one self-contained HTML report
-(plotly.js embedded once, so the file opens offline)."""
+(plotly.js embedded once, so the file opens offline).
+
+The x-axis is the sweep's load axis: utilisation (open loop), or concurrency (closed-loop clients,
+log scale). A concurrency sweep measures no capacity, so the charts that need one (cost with the
+rack sized to each variant's capacity, quality against cost at capacity, the capacity curve) give
+way to throughput against clients, which is that sweep's own closed-loop curve."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from experiments.analysis import HEADLINE, SPEEDUP_METRICS, crossovers
+from experiments.analysis import HEADLINE, SPEEDUP_METRICS, crossovers, load_axis
 from sim.capacity import SUSTAIN_CHECK_S
 
 PALETTE = ("#1f77b4", "#d62728", "#ff7f0e", "#9467bd", "#2ca02c", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
@@ -21,6 +26,14 @@ PALETTE = ("#1f77b4", "#d62728", "#ff7f0e", "#9467bd", "#2ca02c", "#17becf", "#8
 
 def _colour(names: list[str]) -> dict[str, str]:
     return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
+
+
+AXIS_TITLES = {"utilisation": "rack utilisation (offered load / baseline capacity)",
+               "concurrency": "concurrency (closed-loop clients)"}
+
+
+def _x_axes(fig: go.Figure, x: str, title: str | None = None) -> None:
+    fig.update_xaxes(title_text=title or AXIS_TITLES[x], **({"type": "log"} if x == "concurrency" else {}))
 
 
 def _rgba(hex_colour: str, alpha: float) -> str:
@@ -34,29 +47,30 @@ def speedup_chart(sp: pd.DataFrame, metrics: tuple[str, ...] = (HEADLINE, "e2e_s
     queueing and so shows when a speculating rack runs out of capacity."""
     names = list(dict.fromkeys(sp.variant))
     col = _colour(names)
+    xa = load_axis(sp)
     fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=[SPEEDUP_METRICS.get(m, m) for m in metrics])
     for j, metric in enumerate(metrics, start=1):
         d = sp[sp.metric == metric]
         for v in names:
-            g = d[d.variant == v].sort_values("utilisation")
+            g = d[d.variant == v].sort_values(xa)
             if g.empty:
                 continue
-            x = g.utilisation.tolist()
+            x = g[xa].tolist()
             fig.add_trace(go.Scatter(x=x + x[::-1], y=g.ci_high.tolist() + g.ci_low.tolist()[::-1], fill="toself",
                                      mode="lines", fillcolor=_rgba(col[v], 0.15), line={"width": 0}, hoverinfo="skip",
                                      showlegend=False, legendgroup=v), 1, j)
             fig.add_trace(go.Scatter(x=x, y=g["mean"], mode="lines+markers", name=v, legendgroup=v, showlegend=j == 1,
                                      line={"color": col[v]},
-                                     hovertemplate=f"{v}<br>utilisation %{{x:.2f}}<br>speedup %{{y:.3f}}<extra></extra>"),
+                                     hovertemplate=f"{v}<br>{xa} %{{x:.2f}}<br>speedup %{{y:.3f}}<extra></extra>"),
                           1, j)
         for v, u in crossovers(sp, metric).items():
             if np.isfinite(u):
                 fig.add_trace(go.Scatter(x=[u], y=[1.0], mode="markers+text", text=[f"{u:.2f}"], textposition="bottom center",
                                          marker={"symbol": "x", "size": 13, "color": col.get(v, "#000")},
                                          name=f"{v} crosses 1.0 at {u:.2f}", legendgroup=v, showlegend=False,
-                                         hovertemplate=f"{v} crosses 1.0 at utilisation {u:.2f}<extra></extra>"), 1, j)
+                                         hovertemplate=f"{v} crosses 1.0 at {xa} {u:.2f}<extra></extra>"), 1, j)
         fig.add_hline(y=1.0, line_dash="dash", line_color="black", row=1, col=j)
-    fig.update_xaxes(title_text="rack utilisation (offered load / baseline capacity)")
+    _x_axes(fig, xa)
     fig.update_yaxes(title_text="speedup over baseline (x)", type="log", row=1, col=1)
     fig.update_yaxes(type="log", row=1, col=len(metrics))
     fig.update_layout(title="Speedup over baseline (mean and 95% CI over seeds; x marks where it crosses 1.0)",
@@ -65,17 +79,27 @@ def speedup_chart(sp: pd.DataFrame, metrics: tuple[str, ...] = (HEADLINE, "e2e_s
 
 
 def _panels(df: pd.DataFrame, columns: tuple[str, ...], titles: tuple[str, ...], scale: tuple[float, ...]) -> go.Figure:
-    """One panel per column: the mean over seeds vs utilisation, a line per variant."""
+    """One panel per column: the mean over seeds vs the load axis, a line per variant."""
     fig = make_subplots(rows=1, cols=len(columns), subplot_titles=titles)
     names = list(dict.fromkeys(df.variant))
     col = _colour(names)
-    agg = df.groupby(["variant", "utilisation"], sort=False)[list(columns)].mean().reset_index()
+    x = load_axis(df)
+    agg = df.groupby(["variant", x], sort=False)[list(columns)].mean().reset_index()
     for v in names:
-        g = agg[agg.variant == v].sort_values("utilisation")
+        g = agg[agg.variant == v].sort_values(x)
         for j, (c, k) in enumerate(zip(columns, scale, strict=True), start=1):
-            fig.add_trace(go.Scatter(x=g.utilisation, y=g[c] * k, name=v, legendgroup=v, showlegend=j == 1,
+            fig.add_trace(go.Scatter(x=g[x], y=g[c] * k, name=v, legendgroup=v, showlegend=j == 1,
                                      line={"color": col[v]}), 1, j)
-    fig.update_xaxes(title_text="utilisation")
+    _x_axes(fig, x, x)
+    return fig
+
+
+def throughput_chart(df: pd.DataFrame) -> go.Figure:
+    """Throughput vs closed-loop clients (a concurrency sweep's own closed-loop curve): requests/s
+    and output tokens/s over the measured window, mean over seeds."""
+    fig = _panels(df, ("throughput_rps", "throughput_tok_s"), ("requests/s", "output tokens/s"), (1.0, 1.0))
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_layout(template="plotly_white", height=440, title="Throughput vs concurrency (closed loop)")
     return fig
 
 
@@ -139,22 +163,24 @@ def add_sized_cost(df: pd.DataFrame) -> pd.DataFrame:
 def cost_chart(df: pd.DataFrame) -> go.Figure:
     """Cost per million output tokens vs utilisation, including amortised retraining: on this
     rack at this load (left), and with the rack sized to each variant's own capacity (right)."""
-    d = add_sized_cost(df)
+    x = load_axis(df)
+    sized = x == "utilisation"  # a concurrency sweep has no capacity to size a rack by
+    d = add_sized_cost(df) if sized else df
     names = list(dict.fromkeys(d.variant))
     col = _colour(names)
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("this rack at this load (same traffic for all)",
-                                                        "rack sized to the variant (u of its own capacity)"))
-    agg = d.groupby(["variant", "utilisation"], sort=False)[["usd_per_mtok", "usd_per_mtok_sized",
-                                                              "usd_per_mtok_retraining"]].mean().reset_index()
+    panels = (("this rack at this load (same traffic for all)", "usd_per_mtok"),
+              ("rack sized to the variant (u of its own capacity)", "usd_per_mtok_sized"))[: 2 if sized else 1]
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for t, _ in panels])
+    agg = d.groupby(["variant", x], sort=False)[[c for _, c in panels] + ["usd_per_mtok_retraining"]].mean().reset_index()
     for v in names:
-        g = agg[agg.variant == v].sort_values("utilisation")
-        for c, ycol in ((1, "usd_per_mtok"), (2, "usd_per_mtok_sized")):
-            fig.add_trace(go.Scatter(x=g.utilisation, y=g[ycol], name=v, legendgroup=v, showlegend=c == 1,
+        g = agg[agg.variant == v].sort_values(x)
+        for c, (_, ycol) in enumerate(panels, start=1):
+            fig.add_trace(go.Scatter(x=g[x], y=g[ycol], name=v, legendgroup=v, showlegend=c == 1,
                                      line={"color": col[v]}, customdata=g.usd_per_mtok_retraining,
-                                     hovertemplate=f"{v}<br>u %{{x:.2f}}<br>$%{{y:.2f}}/Mtok "
+                                     hovertemplate=f"{v}<br>{x} %{{x:.2f}}<br>$%{{y:.2f}}/Mtok "
                                                    f"(retraining $%{{customdata:.3f}})<extra></extra>"), 1, c)
     fig.update_yaxes(title_text="USD per million output tokens", rangemode="tozero")
-    fig.update_xaxes(title_text="utilisation")
+    _x_axes(fig, x, x)
     fig.update_layout(template="plotly_white", height=460,
                       title="Cost per million output tokens (serving + amortised retraining)")
     return fig
@@ -188,29 +214,46 @@ def utilisation_chart(df: pd.DataFrame) -> go.Figure:
 
 
 def summary_text(df: pd.DataFrame, sp: pd.DataFrame, capacities: dict[str, dict[str, float]] | None = None) -> list[str]:
-    """A few sentences, with numbers, of what the run found."""
+    """A few sentences, with numbers, of what the run found (along the sweep's load axis)."""
     lines = []
-    us = sorted(df.utilisation.unique())
+    x = load_axis(df)
+    closed = x == "concurrency"
+
+    def at(u: float) -> str:  # "utilisation 0.30" or "concurrency 16"
+        return f"concurrency {u:g}" if closed else f"utilisation {u:.2f}"
+
+    def short(u: float) -> str:  # "u=0.30" or "N=16"
+        return f"N={u:g}" if closed else f"u={u:.2f}"
+
+    us = sorted(df[x].unique())
     lo, hi = us[0], us[-1]
     head = sp[sp.metric == HEADLINE]
     spec_variants = sorted(set(df[df.get("speculative_method", "none") != "none"].variant)) if "speculative_method" in df else []
     for v in spec_variants:
-        g = head[head.variant == v].set_index("utilisation")
+        g = head[head.variant == v].set_index(x)
         if lo in g.index and hi in g.index:
-            ttft = sp[(sp.metric == "ttft_s_p99") & (sp.variant == v) & (sp.utilisation == lo)]["mean"]
+            ttft = sp[(sp.metric == "ttft_s_p99") & (sp.variant == v) & (sp[x] == lo)]["mean"]
             ttft_s = f"; its p99 TTFT speedup there is {float(ttft.iloc[0]):.2f}x" if len(ttft) else ""
-            lines.append(f"{v}: ITL (TPOT) speedup {g.loc[lo, 'mean']:.2f}x at utilisation {lo:.2f} "
-                         f"and {g.loc[hi, 'mean']:.2f}x at {hi:.2f}{ttft_s}.")
+            hi_s = f"{hi:g}" if closed else f"{hi:.2f}"
+            lines.append(f"{v}: ITL (TPOT) speedup {g.loc[lo, 'mean']:.2f}x at {at(lo)} "
+                         f"and {g.loc[hi, 'mean']:.2f}x at {hi_s}{ttft_s}.")
     e2e = crossovers(sp, "e2e_s_p50")
     for v, u in crossovers(sp).items():
         if v in spec_variants:
-            pace = f"per-token pace (TPOT) speedup falls below 1.0 at utilisation {u:.2f}" if np.isfinite(u) else \
+            pace = f"per-token pace (TPOT) speedup falls below 1.0 at {at(u)}" if np.isfinite(u) else \
                 "per-token pace (TPOT) speedup stays above 1.0 over the sweep"
             ue = e2e.get(v, float("nan"))
-            whole = f"median end-to-end latency is worse than baseline from utilisation {ue:.2f}" if np.isfinite(ue) else \
+            whole = f"median end-to-end latency is worse than baseline from {at(ue)}" if np.isfinite(ue) else \
                 "median end-to-end latency stays better than baseline"
             lines.append(f"{v}: {pace}; {whole}.")
-    g = add_sized_cost(df).groupby("variant", sort=False)[["usd_per_mtok_at_capacity", "quality_tail", "quality_in_distribution"]].mean()
+    if closed:  # no capacity measured: the closed-loop curve's own top, and cost there
+        top = df.groupby(["variant", x], sort=False)[["throughput_rps", "throughput_tok_s", "usd_per_mtok"]].mean()
+        best_n = {v: top.loc[v].throughput_tok_s.idxmax() for v in dict.fromkeys(df.variant)}
+        lines.append("Highest throughput over the sweep (closed loop, measured window): " + ", ".join(
+            f"{v} {top.loc[(v, n)].throughput_rps:.2f} req/s, {top.loc[(v, n)].throughput_tok_s:.0f} tok/s at N={n:g} "
+            f"(${top.loc[(v, n)].usd_per_mtok:.2f}/Mtok)" for v, n in best_n.items()) + ".")
+    g = add_sized_cost(df).groupby("variant", sort=False)[["usd_per_mtok_at_capacity", "quality_tail", "quality_in_distribution"]].mean() \
+        if not closed else pd.DataFrame()
     if len(g):
         best = g.usd_per_mtok_at_capacity.idxmin()
         lines.append(f"Cheapest per token at its own capacity: {best} at ${g.loc[best, 'usd_per_mtok_at_capacity']:.2f} per million "
@@ -240,20 +283,20 @@ def summary_text(df: pd.DataFrame, sp: pd.DataFrame, capacities: dict[str, dict[
         for v, g in df.groupby("variant", sort=False):
             bad = g[~g.slo_met.astype(bool)]
             if len(bad):
-                u = float(bad.utilisation.min())
-                at = bad[bad.utilisation == u]
-                why = [c for c in checks if not at[f"slo_{c}_met"].astype(bool).all()]
-                if "verdict" in at and (at.verdict != "stable").any():
+                u = float(bad[x].min())
+                first = bad[bad[x] == u]
+                why = [c for c in checks if not first[f"slo_{c}_met"].astype(bool).all()]
+                if "verdict" in first and (first.verdict != "stable").any():
                     why.append("stability")
-                missed.append(f"{v} from u={u:.2f} ({', '.join(why)})")
+                missed.append(f"{v} from {short(u)} ({', '.join(why)})")
         lines.append(f"SLO ({', '.join(checks)}; each checked on its own metric, plus stability): "
                      + ("met at every point." if not missed else "missed by " + "; ".join(missed) + "."))
     if "verdict" in df:
         over = df[df.verdict == "overloaded"]
         if len(over):
-            pts = over.groupby("variant").utilisation.min()
+            pts = over.groupby("variant")[x].min()
             lines.append("Overloaded (requests in system or TTFT growing over the run) from: "
-                         + ", ".join(f"{v} at u={u:.2f}" for v, u in pts.items()) + ".")
+                         + ", ".join(f"{v} at {short(u)}" for v, u in pts.items()) + ".")
         few = df[df.verdict == "insufficient"]
         if len(few):
             lines.append(f"{len(few)} run(s) too short or with too few requests to judge stability (verdict "
@@ -275,11 +318,13 @@ def write_report(df: pd.DataFrame, sp: pd.DataFrame, out: str | Path, *, spec: A
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     slo = spec.base.slo.targets() if spec else {}
+    closed = load_axis(df) == "concurrency"
     figs = [
         ("headline", speedup_chart(sp)),
         ("latency", latency_chart(df, slo)),
+        *((("throughput", throughput_chart(df)),) if closed else ()),
         ("cost", cost_chart(df)),
-        ("quality", quality_cost_chart(df)),
+        *(() if closed else (("quality", quality_cost_chart(df)),)),
         ("utilisation", utilisation_chart(df)),
     ]
     if capacities and any(c.get("curve") for c in capacities.values()):
@@ -293,10 +338,12 @@ def write_report(df: pd.DataFrame, sp: pd.DataFrame, out: str | Path, *, spec: A
     setup = ""
     if spec is not None:
         b = spec.base
+        load = (f"concurrency {list(spec.concurrency)} (closed-loop clients)" if getattr(spec, "concurrency", ()) else
+                f"utilisation {min(spec.utilisation):.2f}-{max(spec.utilisation):.2f}")
         setup = (f"<p>Base: {html.escape(b.deployment.model)} ({b.deployment.weights}) on {b.rack.num_gpus}x {b.rack.gpu}, "
                  f"TP{b.deployment.tensor_parallel}, engine profile {html.escape(b.deployment.engine)}"
-                 f"{_other_profiles(df, b.deployment.engine)}; {len(spec.variants)} variants; utilisation {min(spec.utilisation):.2f}-"
-                 f"{max(spec.utilisation):.2f}; seeds {list(spec.seeds)}; {b.workload.duration_s:.0f} s per run "
+                 f"{_other_profiles(df, b.deployment.engine)}; {len(spec.variants)} variants; {load}; "
+                 f"seeds {list(spec.seeds)}; {b.workload.duration_s:.0f} s per run "
                  f"({b.workload.warmup_s:.0f} s warm-up excluded).</p>")
     doc = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -305,8 +352,8 @@ def write_report(df: pd.DataFrame, sp: pd.DataFrame, out: str | Path, *, spec: A
 <h1>{html.escape(title)}</h1>
 {setup}
 <h2>What this run found</h2><ul id="summary">{summary}</ul>
-<p>Speedup = baseline / variant for latencies (variant / baseline for throughput), paired by seed at each utilisation;
-95% Student-t intervals over seeds. Tables: results.parquet / results.csv (one row per variant x utilisation x seed) and speedups.csv.</p>
+<p>Speedup = baseline / variant for latencies (variant / baseline for throughput), paired by seed at each {html.escape(load_axis(df))} point;
+95% Student-t intervals over seeds. Tables: results.parquet / results.csv (one row per variant x {html.escape(load_axis(df))} x seed) and speedups.csv.</p>
 {''.join(parts)}
 </body></html>"""
     path = out / "report.html"

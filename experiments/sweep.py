@@ -1,8 +1,12 @@
-"""Sweeps as data: a base scenario, variants (overrides), utilisation points and seeds.
+"""Sweeps as data: a base scenario, variants (overrides), load points and seeds.
 
-Every point is a pure run `(scenario, seed) -> summary row`. Utilisation is anchored to the
-reference variant's deployment (speculation off): `utilisation = u` offers u x that capacity
-to every variant, so all variants at a point see the same request sample (common random numbers).
+Every point is a pure run `(scenario, seed) -> summary row`. The load axis is either
+`utilisation` (open loop) or `concurrency` (closed loop), exactly one of them per sweep file.
+Utilisation is anchored to the reference variant's deployment (speculation off): `utilisation = u`
+offers u x that capacity to every variant, so all variants at a point see the same request sample
+(common random numbers). `concurrency = N` runs every variant as N closed-loop clients
+(`arrival = "closed"`, as `vllm bench serve --max-concurrency N`) over the same request sequence;
+such a sweep measures no capacity (its own rows are the throughput-vs-clients curve).
 Each finished point is written atomically to `out/points/` as it completes, keyed by its scenario
 content and seed: an interrupted sweep loses only the points in flight, and a re-run skips them.
 """
@@ -48,10 +52,26 @@ class Variant:
 class SweepSpec:
     name: str
     base: Scenario
-    utilisation: tuple[float, ...]
+    utilisation: tuple[float, ...]  # empty in a concurrency sweep
     seeds: tuple[int, ...]
     variants: tuple[Variant, ...]
     reference: str
+    concurrency: tuple[int, ...] = ()  # closed-loop clients per point (a concurrency sweep)
+
+    @property
+    def axis(self) -> str:
+        """The load axis: "utilisation" or "concurrency" (the column of rows and speedups)."""
+        return "concurrency" if self.concurrency else "utilisation"
+
+    @property
+    def points(self) -> tuple[float, ...] | tuple[int, ...]:
+        return self.concurrency or self.utilisation
+
+
+def closed_overrides(n: int) -> dict[str, Any]:
+    """A scenario's workload as `n` closed-loop clients (its lengths, trace and think time kept)."""
+    return {"workload.arrival": "closed", "workload.concurrency": n, "workload.utilisation": None,
+            "workload.rate_rps": None, "workload.max_concurrency": None}
 
 
 def default_sweep_path() -> Path:
@@ -74,6 +94,18 @@ def _numbers(p: Path, field: str, value: Any, *, integer: bool) -> tuple[Any, ..
         raise ConfigError(f"{p.name}: {field} lists {', '.join(map(str, dups))} more than once; duplicate points "
                           "would count twice in every mean and confidence interval, remove them")
     return tuple(int(x) if integer else float(x) for x in value)
+
+
+def _clients(p: Path, field: str, value: Any) -> tuple[int, ...]:
+    """A non-empty list of distinct client counts (integers >= 1)."""
+    kind = "integers >= 1 (closed-loop clients), e.g. [1, 4, 16, 64]"
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{p.name}: {field} must be a non-empty list of {kind}, got {value!r}")
+    for x in value:
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ConfigError(f"{p.name}: {field} must be a list of {kind}; {x!r} is not")
+    _numbers(p, field, value, integer=True)  # duplicates
+    return tuple(int(x) for x in value)
 
 
 def _table(p: Path, field: str, value: Any) -> dict[str, Any]:
@@ -129,50 +161,59 @@ def load_sweep(path: str | Path | None = None, quick: bool = False) -> SweepSpec
     """Read a sweep file (the built-in default when None); `quick` applies its [quick] table."""
     p = Path(path) if path else default_sweep_path()
     d = read_toml(p, "sweep")
-    for field in ("base", "utilisation", "variants"):
+    for field in ("base", "variants"):
         if field not in d:
             raise ConfigError(f"{p.name}: missing '{field}' (see experiments/sweeps/default.toml)")
-    extra = set(d) - {"name", "base", "utilisation", "seeds", "variants", "reference", "quick", "set"}
+    extra = set(d) - {"name", "base", "utilisation", "concurrency", "seeds", "variants", "reference", "quick", "set"}
     if extra:
         raise ConfigError(f"{p.name}: unknown field(s) {sorted(extra)}")
+    if ("utilisation" in d) == ("concurrency" in d):
+        raise ConfigError(f"{p.name}: give exactly one load axis, utilisation = [...] (open loop) or concurrency = "
+                          "[...] (closed-loop clients)" + (", not both" if "utilisation" in d else ""))
+    axis = "concurrency" if "concurrency" in d else "utilisation"
     for field in ("name", "base", "reference"):
         if field in d and (not isinstance(d[field], str) or not d[field].strip()):
             raise ConfigError(f"{p.name}: {field} must be a non-empty string, got {d[field]!r}")
-    utils = d["utilisation"]
+    loads = d[axis]
     seeds = d.get("seeds", [1])
     base_set = _table(p, "set", d.get("set", {}))
     q = d.get("quick", {})  # checked whether or not --quick applies it
     if not isinstance(q, dict):
-        raise ConfigError(f"{p.name}: quick must be a table (utilisation, seeds, set), got {q!r}")
-    extra_q = set(q) - {"utilisation", "seeds", "set"}
+        raise ConfigError(f"{p.name}: quick must be a table ({axis}, seeds, set), got {q!r}")
+    extra_q = set(q) - {axis, "seeds", "set"}
     if extra_q:
-        raise ConfigError(f"{p.name}: quick: unknown field(s) {sorted(extra_q)} (allowed: utilisation, seeds, set)")
+        raise ConfigError(f"{p.name}: quick: unknown field(s) {sorted(extra_q)} (allowed: {axis}, seeds, set)")
     if quick:
-        utils = q.get("utilisation", utils)
+        loads = q.get(axis, loads)
         seeds = q.get("seeds", seeds)
         base_set.update(_table(p, "quick.set", q.get("set", {})))
-    utils_t = _numbers(p, "utilisation", utils, integer=False)
+    utils_t = _numbers(p, "utilisation", loads, integer=False) if axis == "utilisation" else ()
+    clients_t = _clients(p, "concurrency", loads) if axis == "concurrency" else ()
     seeds_t = _numbers(p, "seeds", seeds, integer=True)
-    base_path = (p.parent / d["base"]).resolve()
-    base = load_scenario(base_path, base_set or None)
     variants = parse_variants(p, d["variants"])
     names = [v.name for v in variants]
     ref = d.get("reference", names[0])
     if ref not in names:
         raise ConfigError(f"{p.name}: reference '{ref}' is not a variant (have: {', '.join(names)})")
-    load_keys = ("workload.utilisation", "workload.rate_rps")
+    load_keys = ("workload.utilisation", "workload.rate_rps", "workload.concurrency", "workload.arrival")
+    how = ("utilisation list (relative to the reference variant's capacity)" if axis == "utilisation"
+           else "concurrency list (closed-loop clients)")
     for where, over in (("set", base_set), *((f"variant '{v.name}': set", v.overrides) for v in variants)):
         wl_over = over.get("workload")
         given = [k for k in load_keys if k in over or (isinstance(wl_over, dict) and k.split(".")[1] in wl_over)]
-        if given:
+        if given and (axis == "concurrency" or given[0] in load_keys[:2]):
             raise ConfigError(f"{p.name}: {where}: {given[0]} would be ignored, the sweep sets the load from its "
-                              "utilisation list (relative to the reference variant's capacity); remove it")
+                              f"{how}; remove it")
+    base_path = (p.parent / d["base"]).resolve()
+    base = load_scenario(base_path, base_set or None)
     for v in variants:  # validate every variant now: one-line errors before any run
         try:
-            base.with_overrides(v.overrides)
+            sc_v = base.with_overrides(v.overrides)
+            if clients_t:
+                sc_v.with_overrides(closed_overrides(clients_t[0]))
         except ConfigError as err:
             raise ConfigError(f"{p.name}: variant '{v.name}': {err}") from None
-    return SweepSpec(d.get("name", p.stem), base, utils_t, seeds_t, tuple(variants), ref)
+    return SweepSpec(d.get("name", p.stem), base, utils_t, seeds_t, tuple(variants), ref, clients_t)
 
 
 def flatten(summary: dict[str, Any]) -> dict[str, Any]:
@@ -195,7 +236,8 @@ def flatten(summary: dict[str, Any]) -> dict[str, Any]:
 
 def run_point(task: dict[str, Any]) -> dict[str, Any]:
     """One point, in a worker: never raises; a failure comes back as a row with `error`."""
-    row = {"variant": task["variant"], "utilisation": task["utilisation"], "seed": task["seed"], "point_key": task["key"]}
+    row = {"variant": task["variant"], "utilisation": task.get("utilisation"), "concurrency": task.get("concurrency"),
+           "seed": task["seed"], "point_key": task["key"]}
     try:
         sc = Scenario.model_validate(task["scenario"])
         res = simulate(sc, task["seed"])
@@ -219,7 +261,16 @@ def plan_points(spec: SweepSpec, jobs: int | None = 1) -> tuple[list[dict[str, A
     """All (variant, utilisation, seed) tasks, and each variant's own capacity (peak sustainable
     rate, full-batch throughput, peak and the closed-loop curve behind them). Each distinct
     deployment is measured once (the reference and the baseline variant are one), in parallel
-    processes when `jobs` allows."""
+    processes when `jobs` allows. A concurrency sweep measures no capacity (empty figures)."""
+    if spec.concurrency:
+        scs = [spec.base.with_overrides(v.overrides) for v in spec.variants]
+        tasks = []
+        for v, sc_v in zip(spec.variants, scs, strict=True):
+            for n in spec.concurrency:
+                sc = sc_v.with_overrides(closed_overrides(n))
+                tasks.extend({"variant": v.name, "utilisation": None, "concurrency": n, "seed": seed,
+                              "key": f"{sc.key()}-{seed}", "scenario": sc.model_dump(mode="json")} for seed in spec.seeds)
+        return tasks, {}
     by_name = {v.name: v for v in spec.variants}
     ref_sc = spec.base.with_overrides(by_name[spec.reference].overrides)
     scs = [spec.base.with_overrides(v.overrides) for v in spec.variants]
@@ -244,7 +295,7 @@ def plan_points(spec: SweepSpec, jobs: int | None = 1) -> tuple[list[dict[str, A
                         "curve": [list(r) for r in own.curve]}
         for u in spec.utilisation:
             sc = sc_v.with_overrides({"workload.rate_rps": u * ref_cap.rps})
-            tasks.extend({"variant": v.name, "utilisation": u, "seed": seed, "key": f"{sc.key()}-{seed}",
+            tasks.extend({"variant": v.name, "utilisation": u, "concurrency": None, "seed": seed, "key": f"{sc.key()}-{seed}",
                           "scenario": sc.model_dump(mode="json")} for seed in spec.seeds)
     return tasks, caps
 
@@ -345,7 +396,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, exec
 
     def record(i: int, row: dict[str, Any]) -> None:
         if row.get("error"):
-            sys.stderr.write(f"\npoint failed: variant={row['variant']} utilisation={row['utilisation']} seed={row['seed']}: {row['error']}\n")
+            at = f"concurrency={row['concurrency']}" if row.get("concurrency") is not None else f"utilisation={row['utilisation']}"
+            sys.stderr.write(f"\npoint failed: variant={row['variant']} {at} seed={row['seed']}: {row['error']}\n")
         else:
             _write_atomic(pts / f"{row['point_key']}.json", json.dumps(row, default=float))
         rows[i] = row
@@ -375,8 +427,12 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, exec
         row = rows.get(i) or by_key.get(t["key"])
         if row is None:
             continue
-        table.append({**row, "variant": t["variant"], "utilisation": t["utilisation"], "seed": t["seed"]})
+        table.append({**row, "variant": t["variant"], "utilisation": t["utilisation"], "concurrency": t["concurrency"],
+                      "seed": t["seed"]})
     df = pd.DataFrame(table)
+    if spec.concurrency and len(df):
+        df["concurrency"] = df.concurrency.astype(np.int64)
+        df["utilisation"] = df.utilisation.astype(np.float64)  # NaN: a closed loop offers no rate
     for name, c in caps.items():
         for col, val in c.items():
             if col != "curve":  # the closed-loop curve goes to capacity.csv, not into every row
@@ -436,8 +492,8 @@ def main_sweep(a: Any) -> int:
     check_out_dir(out)
     if a.executor == "dask" and not a.scheduler:
         raise ConfigError("--executor dask needs --scheduler tcp://HOST:PORT (or use --executor dask-local)")
-    n = len(spec.variants) * len(spec.utilisation) * len(spec.seeds)
-    print(f"sweep '{spec.name}': {len(spec.variants)} variants x {len(spec.utilisation)} utilisation points x "
+    n = len(spec.variants) * len(spec.points) * len(spec.seeds)
+    print(f"sweep '{spec.name}': {len(spec.variants)} variants x {len(spec.points)} {spec.axis} points x "
           f"{len(spec.seeds)} seeds = {n} runs -> {out}/", file=sys.stderr)
     try:
         with executor_for(a.executor, jobs=a.jobs, scheduler=getattr(a, "scheduler", None),
@@ -456,14 +512,14 @@ def main_sweep(a: Any) -> int:
         raise ConfigError(f"every point of the sweep failed ({failed} of {n}; details above, rows in "
                           f"{out / 'results.csv'}); first error: {first}")
     ok = df[df.error == ""] if "error" in df else df
-    sp = speedups(ok, spec.reference)
+    sp = speedups(ok, spec.reference, x=spec.axis)
     sp.to_csv(out / "speedups.csv", index=False)
     report = write_report(ok, sp, out, spec=spec, capacities=caps)
     print(f"wrote {out / 'results.parquet'}, {out / 'results.csv'}, {out / 'speedups.csv'}, {report}")
     spec_variants = set(ok[ok.speculative_method != "none"].variant) if "speculative_method" in ok else set()
     for v, u in crossovers(sp).items():
         if v in spec_variants:
-            where = f"crosses 1.0 at utilisation {u:.2f}" if np.isfinite(u) else "stays above 1.0 over the sweep"
+            where = f"crosses 1.0 at {spec.axis} {u:.2f}" if np.isfinite(u) else "stays above 1.0 over the sweep"
             print(f"  {v}: ITL (TPOT) speedup {where}")
     if failed:
         print(f"{failed} point(s) failed; see stderr above", file=sys.stderr)

@@ -90,9 +90,10 @@ def closed_loop_throughput(sc: Scenario, concurrency: int, seed: int, completion
     if completions is None:  # small populations step many times per completion: fewer suffice there
         completions = int(np.clip(15 * concurrency, 800, MEASURED_COMPLETIONS))
     n = int(1.25 * (completions + 2 * concurrency))
+    trace = sc.workload.replays_trace  # a trace's lengths (arrival 'trace', or 'closed' with a trace)
     wl = sc.workload.model_copy(update={"num_requests": n, "utilisation": None, "rate_rps": 1.0,
-                                        "arrival": "trace" if sc.workload.arrival == "trace" else "poisson"})
-    table = generate(wl, seed, None if sc.workload.arrival == "trace" else 1.0)
+                                        "arrival": "trace" if trace else "poisson"})
+    table = generate(wl, seed, None if trace else 1.0)
     if len(table) < n:  # a short trace (or window): its requests' lengths, resampled with replacement
         pick = np.random.default_rng(seed).integers(0, len(table), n)
         table = table.iloc[pick].reset_index(drop=True).assign(id=np.arange(n, dtype=np.int64))
@@ -107,7 +108,7 @@ def closed_loop_throughput(sc: Scenario, concurrency: int, seed: int, completion
     tok_s = float(st.emitted_tokens.sum()) / (t_b - t_a)
     # requests/s from the token rate and the length distribution's own mean (renewal reward): far
     # less noisy than counting completions, whose count swings with the long outputs in the window
-    mean_out = (float(table.output_tokens.mean()) if sc.workload.arrival == "trace"
+    mean_out = (float(table.output_tokens.mean()) if trace
                 else LengthSampler(sc.workload.output_tokens, "output_tokens").mean())
     dur = st.duration_s.to_numpy()
     batch = float((st.batch_size.to_numpy() * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0
@@ -119,9 +120,13 @@ def _sustains(sc: Scenario, rate: float, seed: int) -> bool:
     from sim.simulate import simulate  # a capacity check is itself a run: sim.simulate imports this module
 
     over: dict[str, object] = {"workload.rate_rps": rate, "workload.num_requests": None,
-                               "workload.duration_s": SUSTAIN_CHECK_S, "workload.warmup_s": 60.0}
-    if sc.workload.arrival != "trace":  # a trace keeps its own burstiness, time-scaled to the rate
+                               "workload.duration_s": SUSTAIN_CHECK_S, "workload.warmup_s": 60.0,
+                               "workload.concurrency": None, "workload.think_time_s": None,
+                               "workload.max_concurrency": None}
+    if not sc.workload.replays_trace:
         over["workload.arrival"] = "poisson"
+    else:  # a trace keeps its own burstiness, time-scaled to the rate
+        over["workload.arrival"] = "trace"
     run = sc.with_overrides(over)
     return bool(simulate(run, seed).summary["stable"])
 

@@ -159,7 +159,7 @@ def check_lengths(sc: Scenario, rt: ReplicaRuntime) -> None:
     from sim.traces import load_trace
 
     wl = sc.workload
-    if wl.arrival == "trace" and wl.trace:
+    if wl.replays_trace and wl.trace:
         try:
             table = load_trace(wl.trace, wl.trace_format)
         except ConfigError as err:

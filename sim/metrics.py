@@ -162,6 +162,58 @@ def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bo
             "verdict": verdict, "verdict_reason": "; ".join(reasons), "stable": verdict == "stable"}
 
 
+def closed_loop_stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bool,
+                          concurrency: int, send_lag_s: np.ndarray | None = None) -> dict[str, Any]:
+    """The verdict of a run whose clients cap the requests in system at `concurrency` (a closed
+    loop, or an open-loop stream behind max_concurrency), with the keys of `stability`.
+
+    The server's queue cannot grow: requests in system never exceed `concurrency`, so the
+    open-loop trend tests have nothing to find. A closed loop is 'stable' (it measures what N
+    clients get) unless fewer than MIN_JUDGED_REQUESTS requests were measured, or the window is
+    empty ('insufficient'), or requests were left unfinished ('overloaded'). Behind max_concurrency
+    the overload shows in the clients instead: it is 'overloaded' when the wait for a free client
+    (`send_lag_s`: send time minus due arrival time) trends up over the window (the same trend
+    test as TTFT's, by send time), i.e. the offered rate outruns what N clients can send."""
+    done = req.completion_s.notna()
+    meas = (req.arrival_s >= warmup_s) & (req.arrival_s < end_s)
+    m = req[meas & done]
+    nan = float("nan")
+    mean_l = float(in_system(req, warmup_s + (np.arange(400) + 0.5) * (end_s - warmup_s) / 400).mean()) \
+        if end_s > warmup_s else nan
+    growth_g, t_g, mean_g = (nan,) * 3
+    if send_lag_s is not None and len(m) >= 2 * TREND_BATCHES and end_s > warmup_s:
+        lag = np.asarray(send_lag_s, dtype=np.float64)[(meas & done).to_numpy()]
+        sent = m.arrival_s.to_numpy()
+        which = np.clip(((sent - warmup_s) / (end_s - warmup_s) * TREND_BATCHES).astype(np.int64), 0, TREND_BATCHES - 1)
+        counts = np.bincount(which, minlength=TREND_BATCHES)
+        if (counts > 0).all():
+            growth_g, t_g, mean_g = trend(np.bincount(which, weights=lag, minlength=TREND_BATCHES) / counts)
+    backlog = int((~done).sum())
+    reasons = []
+    if truncated:
+        reasons.append("stopped at the backlog limit")
+    if backlog:
+        reasons.append(f"{backlog} requests unfinished at the horizon")
+    if t_g > TREND_T and growth_g > max(TREND_REL * mean_g, 0.25):  # NaN compares False
+        reasons.append(f"the wait for a free client (max_concurrency {concurrency}) grew by {growth_g:.2f} s over "
+                       f"the window (mean {mean_g:.2f} s in its first half): the offered rate outruns the clients")
+    if reasons:
+        verdict = "overloaded"
+    elif len(m) < MIN_JUDGED_REQUESTS:
+        verdict = "insufficient"
+        reasons.append(f"only {len(m)} requests measured (at least {MIN_JUDGED_REQUESTS} needed to judge)"
+                       + ("; the window [warmup_s, end) is empty" if end_s <= warmup_s else ""))
+    else:
+        verdict = "stable"
+        reasons.append(f"at most {concurrency} requests in system by construction (mean {mean_l:.1f} over the "
+                       "window): the queue cannot grow" + ("; the wait for a free client shows no upward trend"
+                                                           if send_lag_s is not None else ""))
+    return {"backlog": backlog, "judged_requests": len(m), "settle_s": warmup_s, "in_system_mean": mean_l,
+            "in_system_growth": nan, "in_system_trend_t": nan, "ttft_growth_s": nan, "ttft_trend_t": nan,
+            "client_wait_growth_s": growth_g, "client_wait_trend_t": t_g,
+            "verdict": verdict, "verdict_reason": "; ".join(reasons), "stable": verdict == "stable"}
+
+
 def slo_checks(s: dict[str, Any], targets: dict[str, float]) -> dict[str, dict[str, float | bool]]:
     """Each SLO target (`ttft_p99_s`: 2.0, ...) against the run's figure: target, value, met."""
     out: dict[str, dict[str, float | bool]] = {}
@@ -174,8 +226,12 @@ def slo_checks(s: dict[str, Any], targets: dict[str, float]) -> dict[str, dict[s
 
 def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s: float, replicas: int,
               gpus_per_replica: int, peak_flops: float, mem_bw: float, slo: dict[str, float],
-              truncated: bool, horizon_s: float) -> dict[str, Any]:
-    """The summary of one run (see docs/METRICS.md for every formula)."""
+              truncated: bool, horizon_s: float, loop: str = "open", concurrency: int | None = None,
+              send_lag_s: np.ndarray | None = None) -> dict[str, Any]:
+    """The summary of one run (see docs/METRICS.md for every formula). `loop`: "open" (arrivals
+    at their times), "closed" (`concurrency` clients) or "gated" (open-loop arrivals behind
+    `concurrency` clients, each request having waited `send_lag_s` for one); the last two are
+    judged by `closed_loop_stability`."""
     window = max(end_s - warmup_s, 1e-9)
     lat = request_latencies(req)
     meas = (req.arrival_s >= warmup_s) & (req.arrival_s < end_s)
@@ -226,7 +282,12 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     s["draft_share"] = float(st.draft_s.sum()) / busy if busy else 0.0
     s["spec_overhead_share"] = float(st.spec_overhead_s.sum()) / busy if busy else 0.0
     s["queue_growth_rps"] = queue_growth_rps(st)
-    s.update(stability(req, warmup_s=warmup_s, end_s=end_s, truncated=truncated))
+    if loop == "open":
+        s.update(stability(req, warmup_s=warmup_s, end_s=end_s, truncated=truncated))
+    else:
+        assert concurrency is not None
+        s.update(closed_loop_stability(req, warmup_s=warmup_s, end_s=end_s, truncated=truncated,
+                                       concurrency=concurrency, send_lag_s=send_lag_s if loop == "gated" else None))
     s["truncated"] = bool(truncated)
     s["horizon_s"] = float(horizon_s)
     s["slo"] = slo_checks(s, slo)
@@ -255,6 +316,7 @@ def bench_metrics(req: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:
     weights = steps.decode_seqs.to_numpy()
     out: dict[str, float] = {
         "completed": float(len(done)), "duration": duration,
+        "total_input_tokens": float(done.prompt_tokens.sum()), "total_output_tokens": float(out_tok.sum()),
         "request_throughput": len(done) / duration, "output_throughput": float(out_tok.sum()) / duration,
         "total_token_throughput": float(out_tok.sum() + done.prompt_tokens.sum()) / duration,
     }

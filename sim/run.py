@@ -66,10 +66,11 @@ class ClosedLoop:
 
     def __init__(self, env: simpy.Environment, reqs: Requests, replicas: list[Replica], router: str,
                  concurrency: int, think_s: np.ndarray | None = None, not_before: np.ndarray | None = None,
-                 frontend_s: float = 0.0) -> None:
+                 until_s: float = np.inf, frontend_s: float = 0.0) -> None:
         self.env, self.reqs, self.replicas, self.router = env, reqs, replicas, router
         self.frontend_s = frontend_s
         self.think_s = think_s
+        self.until_s = until_s  # no request is sent from this time on
         self.not_before = not_before  # open-loop arrival times behind a concurrency cap
         self.next = 0
         self.thinks = 0
@@ -79,7 +80,7 @@ class ClosedLoop:
             self._send()
 
     def _send(self) -> None:
-        if self.next >= self.reqs.arrival.size:
+        if self.next >= self.reqs.arrival.size or self.env.now >= self.until_s:
             return
         i = self.next
         self.next += 1
@@ -123,14 +124,15 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
               horizon_s: float | None = None, backlog_limit: int | None = None,
               progress: bool = False, concurrency: int | None = None,
               think_s: np.ndarray | None = None, gate_arrivals: bool = False,
-              ) -> tuple[pd.DataFrame, pd.DataFrame, bool, float]:
+              send_until_s: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame, bool, float]:
     """Run the engine over a request table. Returns (requests, steps, truncated, horizon).
 
     Open loop (default): requests arrive at the table's `arrival_s`. Closed loop (`concurrency`
     given): the table's arrival times are ignored; `concurrency` clients send its requests in
     order, each after its previous one completed (plus `think_s[i]` before request i if given);
     with `gate_arrivals`, also no earlier than the table's `arrival_s` (a concurrency cap on an
-    open-loop stream)."""
+    open-loop stream). With `send_until_s`, the clients send nothing from that time on (requests
+    of the table never sent keep a NaN arrival_s)."""
     wl = sc.workload
     method = sc.speculative.method if sc.speculative else "draft_model"
     means = np.array([c.acceptance_for(method) if sc.speculative else 0.0 for c in wl.classes])
@@ -153,6 +155,7 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     limit = backlog_limit if backlog_limit is not None else 20 * rt.max_num_seqs
     limit *= rt.num_replicas
     replicas: list[Replica] = []
+    loop: ClosedLoop | None = None
     if concurrency is None:
         # the engine queues a request after the frontend's latency (HTTP, tokenisation); its
         # arrival (the client's send) stays, so TTFT and E2E include the frontend
@@ -165,10 +168,11 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         release = arrival.copy() if gate_arrivals else None
         arrival = reqs.arrival = np.full(arrival.size, np.nan)  # written as the clients send
         replicas.extend(Replica(env, i, rt, reqs, rngs[i], log) for i in range(rt.num_replicas))
-        ClosedLoop(env, reqs, replicas, sc.deployment.router, concurrency, think_s, release, frontend)
+        loop = ClosedLoop(env, reqs, replicas, sc.deployment.router, concurrency, think_s, release,
+                          np.inf if send_until_s is None else send_until_s, frontend)
         horizon = horizon_s if horizon_s is not None else 1e12  # a closed loop ends when its requests are done
     bar = Progress(arrival.size, sc.name) if progress else None
-    done_ev = env.process(_watch_done(env, reqs, bar))
+    done_ev = env.process(_watch_done(env, reqs, bar, loop))
     env.run(until=simpy.AnyOf(env, [stop, env.timeout(horizon), done_ev]))
     if bar is not None:
         bar.close()
@@ -190,15 +194,18 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     return req_df, steps, truncated, float(env.now)
 
 
-def _watch_done(env: simpy.Environment, reqs: Requests,
-                progress: Progress | None = None) -> Generator[simpy.Event, Any, None]:
-    """Ends the run once every request has completed (checked once per simulated second), and
+def _watch_done(env: simpy.Environment, reqs: Requests, progress: Progress | None = None,
+                loop: ClosedLoop | None = None) -> Generator[simpy.Event, Any, None]:
+    """Ends the run once every request has completed (checked once per simulated second), or
+    for closed-loop clients that stopped sending (`send_until_s`), every request they sent; and
     drives the progress bar (share of requests completed) when one is given."""
     total = reqs.completion.size
     while True:
         yield env.timeout(1.0)
         if progress is not None:
             progress.update(reqs.n_done)
+        if loop is not None and env.now >= loop.until_s:
+            total = loop.next  # nothing more is sent
         if reqs.n_done >= total:
             return
 

@@ -22,6 +22,7 @@ from models.errors import ConfigError, unknown
 
 # At most this many requests in one run: a bigger table would not fit in memory, nor finish.
 MAX_REQUESTS = 10_000_000
+MAX_CLIENTS = 1_000_000  # closed-loop clients (concurrency, max_concurrency)
 
 
 def gpu_name(v: str) -> str:
@@ -227,8 +228,31 @@ class Speculative(_Strict):
         return self
 
 
+class FixedThink(_Strict):
+    """A think time of exactly `value` seconds."""
+
+    dist: Literal["fixed"]
+    value: Annotated[float, Field(ge=0, le=86400)]
+
+
+class ExponentialThink(_Strict):
+    """Exponential think times of mean `mean` seconds (memoryless users)."""
+
+    dist: Literal["exponential"]
+    mean: Annotated[float, Field(gt=0, le=86400)]
+
+
+ThinkTime = Annotated[FixedThink | ExponentialThink, Field(discriminator="dist")]
+
+
 class Workload(_Strict):
-    arrival: Literal["poisson", "gamma", "trace"] = "poisson"
+    """Arrivals: open loop (`poisson`, `gamma`, `trace`: requests arrive at their own times,
+    `max_concurrency` optionally caps how many are in flight, as `vllm bench serve --request-rate R
+    --max-concurrency N`), or closed loop (`closed`: `concurrency` clients, each sending its next
+    request when the previous one completed, after an optional `think_time_s`). A closed loop with
+    `trace` takes the trace's lengths in order and ignores its timing."""
+
+    arrival: Literal["poisson", "gamma", "trace", "closed"] = "poisson"
     utilisation: Annotated[float, Field(gt=0, le=5)] | None = None
     rate_rps: Annotated[float, Field(gt=0)] | None = None
     cv: Annotated[float, Field(gt=0, le=20)] = 2.0  # gamma inter-arrival coefficient of variation
@@ -245,21 +269,62 @@ class Workload(_Strict):
     trace_end_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     classes: Annotated[tuple[TrafficClass, ...], Field(strict=False, min_length=1)] = (
         TrafficClass(name="default", share=1.0),)
+    # closed loop (arrival = "closed"): clients, and the time each waits after a completion
+    concurrency: Annotated[int, Field(ge=1, le=MAX_CLIENTS)] | None = None
+    think_time_s: ThinkTime | None = None
+    # open loop behind a cap of requests in flight (vllm bench serve --max-concurrency)
+    max_concurrency: Annotated[int, Field(ge=1, le=MAX_CLIENTS)] | None = None
+
+    @field_validator("think_time_s", mode="before")
+    @classmethod
+    def _think_table(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, dict):
+            raise ValueError(f"must be a table such as {{ dist = \"fixed\", value = 0.5 }} or "
+                             f"{{ dist = \"exponential\", mean = 2.0 }} (seconds), got {v!r}")
+        return v
+
+    @property
+    def closed(self) -> bool:
+        return self.arrival == "closed"
+
+    @property
+    def replays_trace(self) -> bool:
+        """Whether request lengths come from `trace` in order (arrival 'trace', or 'closed' with a trace)."""
+        return self.trace is not None and self.arrival in ("trace", "closed")
+
+    def _check_loop(self) -> None:
+        if self.closed:
+            if self.concurrency is None:
+                raise ValueError("concurrency: arrival 'closed' needs concurrency = <number of clients>, e.g. 16")
+            for key in ("utilisation", "rate_rps"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key}: a closed loop sets its own rate (concurrency clients, each sending "
+                                     f"when its previous request completes); remove {key} or use an open-loop arrival")
+            if self.max_concurrency is not None:
+                raise ValueError("max_concurrency: caps an open-loop stream; a closed loop's cap is concurrency")
+            return
+        if self.concurrency is not None:
+            raise ValueError(f"concurrency: needs arrival = 'closed' (got arrival '{self.arrival}'); to cap an "
+                             "open-loop stream use max_concurrency")
+        if self.think_time_s is not None:
+            raise ValueError(f"think_time_s: needs arrival = 'closed' (got arrival '{self.arrival}')")
 
     @model_validator(mode="after")
     def _consistent(self) -> Workload:
+        self._check_loop()
         if self.arrival == "trace" and not self.trace:
             raise ValueError("arrival 'trace' needs trace = '<path to a trace file>'")
-        if (self.trace_start_s is not None or self.trace_end_s is not None) and self.arrival != "trace":
-            raise ValueError("trace_start_s / trace_end_s select a window of a trace; they need arrival = 'trace'")
+        if (self.trace_start_s is not None or self.trace_end_s is not None) and not self.replays_trace:
+            raise ValueError("trace_start_s / trace_end_s select a window of a trace; they need arrival = 'trace' "
+                             "(or 'closed' with a trace)")
         if self.trace_end_s is not None and self.trace_end_s <= (self.trace_start_s or 0.0):
             raise ValueError(f"trace_end_s ({self.trace_end_s}) must be after trace_start_s ({self.trace_start_s or 0.0})")
-        if self.arrival == "trace" and self.trace and not Path(self.trace).is_file():
+        if self.replays_trace and self.trace and not Path(self.trace).is_file():
             raise ValueError(f"trace file not found: {self.trace} (paths are relative to the scenario file)")
         for name, d in (("prompt_tokens", self.prompt_tokens), ("output_tokens", self.output_tokens)):
             if isinstance(d, Empirical) and not Path(d.trace).is_file():
                 raise ValueError(f"{name}: trace file not found: {d.trace} (paths are relative to the scenario file)")
-        if self.arrival != "trace" and self.utilisation is None and self.rate_rps is None:
+        if self.arrival not in ("trace", "closed") and self.utilisation is None and self.rate_rps is None:
             raise ValueError("set utilisation = <fraction of capacity> or rate_rps = <requests/s>")
         if self.utilisation is not None and self.rate_rps is not None:
             raise ValueError("set only one of utilisation and rate_rps")
@@ -386,7 +451,7 @@ class Scenario(_Strict):
         from sim.traces import file_digest
 
         wl, dep = self.workload, self.deployment
-        files = [wl.trace if wl.arrival == "trace" else None, dep.efficiency_file]
+        files = [wl.trace if wl.replays_trace else None, dep.efficiency_file]
         files += [d.trace for d in (wl.prompt_tokens, wl.output_tokens) if isinstance(d, Empirical)]
         digests = {f: file_digest(f) for f in files if f}
         data: dict[str, Any] = self.model_dump(mode="json")

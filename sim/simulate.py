@@ -17,10 +17,10 @@ import simpy
 from models.catalog import peak_flops
 from sim.capacity import Capacity, baseline_of, capacity
 from sim.deployment import ReplicaRuntime, build_runtime
-from sim.metrics import summarise
+from sim.metrics import bench_metrics, summarise
 from sim.run import run_table
-from sim.scenario import Scenario
-from sim.workload import generate
+from sim.scenario import MAX_REQUESTS, Scenario
+from sim.workload import LengthSampler, generate, think_mean
 
 __all__ = ["Capacity", "Result", "baseline_of", "capacity", "capacity_summary", "run_table", "simulate"]
 
@@ -78,15 +78,36 @@ def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False, w
     seed = sc.seed if seed is None else int(seed)
     rt = build_runtime(sc)
     rate = offered_rate(sc)
-    table = generate(sc.workload, seed, rate)
-    req, steps, truncated, t_end = run_table(sc, rt, table, seed, backlog_limit=sc.sim.backlog_limit, progress=progress)
     wl = sc.workload
-    end_s = float(table.arrival_s.max()) if wl.num_requests else wl.duration_s
+    lag = None
+    if wl.closed:
+        req, steps, truncated, t_end, end_s = run_closed(sc, rt, seed, progress=progress)
+        loop = "closed"
+    else:
+        table = generate(wl, seed, rate)
+        end_s = float(table.arrival_s.max()) if wl.num_requests else wl.duration_s
+        if wl.max_concurrency is None:
+            req, steps, truncated, t_end = run_table(sc, rt, table, seed, backlog_limit=sc.sim.backlog_limit,
+                                                     progress=progress)
+            loop = "open"
+        else:  # vllm bench serve --request-rate R --max-concurrency N: a send waits for a free client
+            req, steps, truncated, t_end = run_table(sc, rt, table, seed, concurrency=wl.max_concurrency,
+                                                     gate_arrivals=True, progress=progress)
+            due = table.set_index("id").arrival_s.reindex(req.id).to_numpy(np.float64)
+            lag = req.arrival_s.to_numpy(np.float64) - due  # how long each request waited for a client
+            loop = "gated"
     warm = wl.warmup_s  # never clamped: a run whose arrivals all fall in warm-up is 'insufficient'
     peak = peak_flops(rt.cost.gpu, rt.cost.weights)
     s = summarise(req, steps, warmup_s=warm, end_s=end_s, replicas=rt.num_replicas,
                   gpus_per_replica=rt.gpus_per_replica, peak_flops=peak, mem_bw=rt.cost.gpu.mem_bw_bytes_s,
-                  slo=sc.slo.targets(), truncated=truncated, horizon_s=t_end)
+                  slo=sc.slo.targets(), truncated=truncated, horizon_s=t_end,
+                  loop=loop, concurrency=wl.concurrency or wl.max_concurrency, send_lag_s=lag)
+    s["loop"] = loop
+    s["concurrency"] = wl.concurrency if wl.closed else wl.max_concurrency
+    s["window_end_s"] = end_s
+    # vllm bench serve's figures, computed as its script does: over the whole run, no warm-up
+    s["benchmark"] = {**bench_metrics(req, steps), "max_concurrency": s["concurrency"],
+                      "request_rate": rate if rate is not None and not wl.closed else float("inf")}
     s.update(_economics(sc, rt, req, s))
     s["rejected_requests"] = int(req.attrs.get("rejected", 0))
     s["engine_profile"] = rt.engine  # the engine profile the step costs and scheduling came from
@@ -100,6 +121,58 @@ def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False, w
     s["seed"] = seed
     s["versions"] = versions()
     return Result(sc, seed, req, steps, s)
+
+
+def closed_pool(sc: Scenario, rt: ReplicaRuntime) -> int:
+    """Requests to generate for a closed loop sized by duration_s: generous, from a decode-only
+    throughput bound (every step a decode of the full client batch at the mean prompt length,
+    each sequence emitting k + 1 tokens with speculation); `run_closed` doubles it if the clients
+    still run out before duration_s."""
+    wl = sc.workload
+    assert wl.concurrency is not None
+    per_replica = max(1, min(rt.max_num_seqs, -(-wl.concurrency // rt.num_replicas)))
+    mean_in = LengthSampler(wl.prompt_tokens, "prompt_tokens").mean()
+    mean_out = max(1.0, LengthSampler(wl.output_tokens, "output_tokens").mean())
+    step_s = rt.cost.uniform(per_replica, int(mean_in), 1).total_s
+    k = sc.speculative.num_speculative_tokens if sc.speculative else 0
+    rps = rt.num_replicas * per_replica * (k + 1) / step_s / mean_out
+    rps = min(rps, wl.concurrency / think_mean(wl.think_time_s)) if wl.think_time_s is not None and think_mean(wl.think_time_s) > 0 else rps
+    return int(min(MAX_REQUESTS, 1.5 * rps * wl.duration_s + 2 * wl.concurrency + 64))
+
+
+def run_closed(sc: Scenario, rt: ReplicaRuntime, seed: int, *, progress: bool = False,
+               ) -> tuple[pd.DataFrame, pd.DataFrame, bool, float, float]:
+    """A closed loop (`arrival = "closed"`): (requests, steps, truncated, horizon, window end).
+
+    Sized by `num_requests`, the clients send them all and the window ends at the last send (after
+    it the population shrinks). Sized by `duration_s`, the clients send until duration_s from a
+    pool of requests big enough never to run dry (checked: a pool that ran dry is doubled and the
+    run repeated, so the result does not depend on the first guess), the requests in flight then
+    complete, and the window ends at duration_s; requests never sent are not in the table. A
+    trace sends each of its requests once, in order: one that runs out ends the window early, at
+    its last send."""
+    wl = sc.workload
+    assert wl.concurrency is not None
+    pool = None if wl.num_requests is not None else closed_pool(sc, rt)
+    while True:
+        table = generate(wl, seed, None, pool=pool)
+        think = table.think_s.to_numpy() if "think_s" in table else None
+        req, steps, truncated, t_end = run_table(
+            sc, rt, table, seed, concurrency=wl.concurrency, think_s=think, progress=progress,
+            send_until_s=None if pool is None else wl.duration_s)
+        sent = req.arrival_s.notna().to_numpy()
+        if pool is None or not sent.all() or len(table) < pool or pool >= MAX_REQUESTS:
+            break
+        pool = min(MAX_REQUESTS, 2 * pool)  # the clients ran dry before duration_s: a bigger pool
+    last_send = float(np.nanmax(req.arrival_s.to_numpy(np.float64))) if sent.any() else 0.0
+    if pool is not None and not sent.all():
+        end_s = wl.duration_s  # N clients were busy (or thinking) right up to duration_s
+        reached = int(req.id.to_numpy()[sent].max()) + 1  # the pool's requests the clients got to
+        req = req[sent].reset_index(drop=True)
+        req.attrs["rejected"] = reached - len(req)  # too long for the deployment, skipped (as vLLM rejects)
+    else:
+        end_s = last_send
+    return req, steps, truncated, t_end, end_s
 
 
 def _economics(sc: Scenario, rt: ReplicaRuntime, req: pd.DataFrame, s: dict[str, Any]) -> dict[str, Any]:

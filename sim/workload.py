@@ -1,8 +1,13 @@
 """Workloads, generated before the run as a table, from named random streams of one seed.
 
 Streams (numpy SeedSequence.spawn, in this fixed order): arrivals, prompt lengths, output lengths,
-traffic classes, acceptance quantiles, engine (acceptance draws). Changing the strategy never
-perturbs the arrivals: every strategy at a load point sees the same requests.
+traffic classes, acceptance quantiles, engine (acceptance draws), think (closed-loop think times;
+last, so that adding it left every other stream's values as they were). Changing the strategy
+never perturbs the arrivals: every strategy at a load point sees the same requests.
+
+A closed loop (`arrival = "closed"`) has no arrival times before the run: its table holds the
+requests the clients send, in order (arrival_s NaN, written by the run as they are sent), and
+with a think-time distribution a `think_s` column: the wait after the i-th completion.
 
 A request's acceptance rate is stored as a quantile u ~ U(0,1); the engine maps it through the
 Beta distribution of its class and method, so variants with different methods still share it.
@@ -17,10 +22,19 @@ import pandas as pd
 from scipy.special import ndtri
 
 from models.errors import ConfigError
-from sim.scenario import Empirical, Fixed, LogNormal, Workload, check_request_count
+from sim.scenario import (
+    MAX_REQUESTS,
+    Empirical,
+    ExponentialThink,
+    Fixed,
+    FixedThink,
+    LogNormal,
+    Workload,
+    check_request_count,
+)
 from sim.traces import empirical_lengths, load_trace, scale_to_rate, trace_rate_rps
 
-STREAMS = ("arrivals", "prompt", "output", "classes", "acceptance", "engine")
+STREAMS = ("arrivals", "prompt", "output", "classes", "acceptance", "engine", "think")
 Z90 = 1.2815515655446004  # standard normal 90th percentile
 MEAN_QUANTILES = 20_000  # midpoint quantiles that integrate a rounded, clipped lognormal's mean
 
@@ -91,13 +105,37 @@ def gamma_arrivals(rng: np.random.Generator, rate: float, cv: float, duration_s:
     return _renewal(lambda size: rng.gamma(shape, scale, size), duration_s, n, rate)
 
 
-def generate(wl: Workload, seed: int, rate_rps: float | None) -> pd.DataFrame:
-    """The request table: id, arrival_s, prompt_tokens, output_tokens, cls, accept_q.
+def think_times(think: FixedThink | ExponentialThink, rng: np.random.Generator, n: int) -> np.ndarray:
+    """n think times (seconds) from their distribution."""
+    if isinstance(think, FixedThink):
+        return np.full(n, think.value, dtype=np.float64)
+    return rng.exponential(think.mean, n)
 
-    `rate_rps` is the offered rate (None keeps a trace's own timing)."""
+
+def think_mean(think: FixedThink | ExponentialThink | None) -> float:
+    """The mean think time (0 without one)."""
+    if think is None:
+        return 0.0
+    return think.value if isinstance(think, FixedThink) else think.mean
+
+
+def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | None = None) -> pd.DataFrame:
+    """The request table: id, arrival_s, prompt_tokens, output_tokens, cls, accept_q (and think_s
+    for a closed loop with think times).
+
+    `rate_rps` is the offered rate (None keeps a trace's own timing; ignored by a closed loop).
+    A closed loop holds `num_requests` requests, or `pool` when sized by duration_s (the run
+    sends from it until duration_s); with a trace, its requests' lengths in order, at most that many."""
     rs = streams(seed)
     n = wl.num_requests
-    if wl.arrival == "trace":
+    if wl.closed:
+        n = n if n is not None else pool
+        if n is None or n < 1:
+            raise ConfigError("workload: a closed loop sized by duration_s needs a pool of requests to send (pool >= 1)")
+        if n > MAX_REQUESTS:
+            raise ConfigError(f"workload: a closed loop of {n:,} requests; one run holds at most {MAX_REQUESTS:,} "
+                              "(lower num_requests or duration_s)")
+    if wl.replays_trace:
         assert wl.trace is not None
         full = load_trace(wl.trace, wl.trace_format)
         df = scale_to_rate(full, rate_rps) if rate_rps is not None else full
@@ -112,21 +150,25 @@ def generate(wl: Workload, seed: int, rate_rps: float | None) -> pd.DataFrame:
             df = df.iloc[:n]
         else:
             df = df[df.arrival_s < wl.duration_s]
-        arrival = df.arrival_s.to_numpy(np.float64)
+        arrival = df.arrival_s.to_numpy(np.float64) if not wl.closed else np.full(len(df), np.nan)
         prompt = df.prompt_tokens.to_numpy(np.int64)
         output = df.output_tokens.to_numpy(np.int64)
     else:
-        if rate_rps is None or not np.isfinite(rate_rps) or rate_rps <= 0:
+        if wl.closed:
+            assert n is not None
+            arrival = np.full(n, np.nan)  # sent by the clients during the run
+        elif rate_rps is None or not np.isfinite(rate_rps) or rate_rps <= 0:
             raise ConfigError(f"workload: offered rate must be a positive number of requests/s, got {rate_rps}")
-        if n is None:
-            try:
-                check_request_count(rate_rps, wl.duration_s, "workload: offered rate")
-            except ValueError as err:
-                raise ConfigError(str(err)) from None
-        if wl.arrival == "poisson":
-            arrival = poisson_arrivals(rs["arrivals"], rate_rps, wl.duration_s, n)
         else:
-            arrival = gamma_arrivals(rs["arrivals"], rate_rps, wl.cv, wl.duration_s, n)
+            if n is None:
+                try:
+                    check_request_count(rate_rps, wl.duration_s, "workload: offered rate")
+                except ValueError as err:
+                    raise ConfigError(str(err)) from None
+            if wl.arrival == "poisson":
+                arrival = poisson_arrivals(rs["arrivals"], rate_rps, wl.duration_s, n)
+            else:
+                arrival = gamma_arrivals(rs["arrivals"], rate_rps, wl.cv, wl.duration_s, n)
         m = arrival.size
         prompt = LengthSampler(wl.prompt_tokens, "prompt_tokens").sample(rs["prompt"], m)
         output = LengthSampler(wl.output_tokens, "output_tokens").sample(rs["output"], m)
@@ -136,7 +178,7 @@ def generate(wl: Workload, seed: int, rate_rps: float | None) -> pd.DataFrame:
     shares = np.array([c.share for c in wl.classes])
     cls = rs["classes"].choice(len(shares), size=m, p=shares / shares.sum()) if len(shares) > 1 else np.zeros(m, np.int64)
     accept_q = rs["acceptance"].random(m)
-    return pd.DataFrame({
+    table = pd.DataFrame({
         "id": np.arange(m, dtype=np.int64),
         "arrival_s": arrival,
         "prompt_tokens": prompt,
@@ -144,3 +186,6 @@ def generate(wl: Workload, seed: int, rate_rps: float | None) -> pd.DataFrame:
         "cls": cls.astype(np.int64),
         "accept_q": accept_q,
     })
+    if wl.closed and wl.think_time_s is not None:
+        table["think_s"] = think_times(wl.think_time_s, rs["think"], m)
+    return table
