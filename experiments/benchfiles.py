@@ -367,8 +367,8 @@ def simulated_result(sc: Any, point: LoadPoint, seed: int = 1, noise: float = 0.
     """A vLLM result JSON (as `bench serve --save-result --save-detailed` writes it) of the
     benchmark `point` simulated on scenario `sc`: for tests and examples, a file of known truth.
 
-    With `noise`, per-request TTFT and decode time (latency - TTFT) and each ITL figure are
-    multiplied by independent lognormal factors of that sigma. The simulator records no
+    With `noise`, each request's TTFT and decode time (latency - TTFT) are multiplied by
+    independent lognormal factors of that sigma, and the ITL figures by one more. The simulator records no
     per-request chunk times, so each request's `itls` is its TPOT repeated (their sum is its
     latency after the first token, as in a real file), and the ITL aggregates are the
     simulator's pooled chunk gaps (bench_metrics); read back, a file's aggregates win, so the
@@ -396,9 +396,10 @@ def simulated_result(sc: Any, point: LoadPoint, seed: int = 1, noise: float = 0.
     ok = done
     figs = vllm_figures(prompt[ok], out_tok[ok], ttft[ok], (ttft + decode)[ok], None, duration)
     sim = bench_metrics(req, steps)
+    itl_factor = float(rng.lognormal(0.0, noise)) if noise else 1.0  # one for all: percentiles stay in order
     for k, v in sim.items():
         if "_itl_" in k:
-            figs[k] = float(v * (rng.lognormal(0.0, noise) if noise else 1.0))
+            figs[k] = float(v * itl_factor)
     figs.pop("p90_e2el_ms", None)
     figs.pop("p99_e2el_ms", None)
     result: dict[str, Any] = {

@@ -54,9 +54,10 @@ def _synthetic_files(folder: Path, n: int = 200, noise_seed: int = 1) -> list[Pa
 def test_recovers_known_factors_from_simulated_files(tmp_path: Path) -> None:
     """From the profile's factors (2e-3 s per step, 2e-5 s per sequence), the fit finds the
     truth (4e-3, 6e-5). Tolerance: over ten noise realisations of this setup (noise seeds 0-9)
-    the fitted step overhead fell within -5.8%..+0.9% of the truth and the per-sequence one
-    within -13.2%..+7.4% (the two trade off: both add time to every step); we allow 10% and 20%.
-    The overhead of a step of 32 sequences, which the data pin better, within 5%."""
+    the fitted step overhead fell within -6.9%..+3.4% of the truth and the per-sequence one
+    within -12.9%..+7.5% (the two trade off: both add time to every step); we allow 10% and 20%.
+    The overhead of a step of 32 sequences, which the data pin better, fell within -4.6%..+1%;
+    we allow 8%. This realisation (seed 1): +1.9%, -5.6%, -0.5%."""
     paths = _synthetic_files(tmp_path)
     point = read_benchmark(paths[0])
     assert point.num_prompts == 200 and point.request_rate == 4.0 and point.max_concurrency is None
@@ -68,7 +69,7 @@ def test_recovers_known_factors_from_simulated_files(tmp_path: Path) -> None:
     assert f["step_overhead_s"] == pytest.approx(TRUTH["step_overhead_s"], rel=0.10)
     assert f["seq_overhead_s"] == pytest.approx(TRUTH["seq_overhead_s"], rel=0.20)
     at32 = f["step_overhead_s"] + 32 * f["seq_overhead_s"]
-    assert at32 == pytest.approx(TRUTH["step_overhead_s"] + 32 * TRUTH["seq_overhead_s"], rel=0.05)
+    assert at32 == pytest.approx(TRUTH["step_overhead_s"] + 32 * TRUTH["seq_overhead_s"], rel=0.08)
     assert cal.mape_before_pct > 15 and cal.mape_pct < 5
     # the figures fitted: p50/p90/p99 of TTFT, TPOT, ITL everywhere, throughputs only where the engine sets them
     t = cal.table()
@@ -262,3 +263,23 @@ def test_hostile_paths_and_flags(tmp_path: Path, capsys: pytest.CaptureFixture[s
         rc = main(["calibrate", *args])
         line = one_line_error(capsys.readouterr().err, ignore=re.compile(r"^calibrate "))
         assert rc == 2 and msg in line, (args, line)
+
+
+def test_entry_point_one_line_error(tmp_path: Path) -> None:
+    """Through the installed `specrack` entry point, the user's real path: a file written without
+    --save-detailed is refused in one line, exit 2."""
+    import shutil
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).parent / "specrack"
+    found = str(exe) if exe.is_file() else shutil.which("specrack")
+    if found is None:  # pragma: no cover
+        pytest.skip("the specrack entry point is not installed")
+    agg = tmp_path / "summary.json"
+    agg.write_text(json.dumps({k: v for k, v in json.loads(NEW.read_text()).items()
+                               if k not in ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors")}))
+    p = subprocess.run([found, "calibrate", str(agg), "--gpu", "h100-sxm", "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert "rerun `vllm bench serve` with --save-detailed" in one_line_error(p.stderr)
