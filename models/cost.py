@@ -28,6 +28,7 @@ Everything is per GPU: weights, heads and FLOPs are divided by the tensor-parall
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -244,7 +245,8 @@ class ServiceTimeCost:
     def __init__(self, like: CostModel, mean_s: float, dist: str = "constant", rng: np.random.Generator | None = None) -> None:
         if dist not in ("constant", "exponential"):
             raise ConfigError(f"service dist must be 'constant' or 'exponential', got {dist!r}")
-        self.model, self.gpu, self.tp, self.weights, self.kv, self.eff = like.model, like.gpu, like.tp, like.weights, like.kv, like.eff
+        self.model, self.gpu, self.tp, self.weights, self.kv = like.model, like.gpu, like.tp, like.weights, like.kv
+        self.eff = dataclasses.replace(like.eff, frontend_s=0.0)  # the service time is all there is
         self.kv_bytes_per_token_gpu = like.kv_bytes_per_token_gpu
         self.mean_s, self.dist = mean_s, dist
         self.rng = rng or np.random.default_rng(0)
