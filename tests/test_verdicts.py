@@ -51,14 +51,16 @@ def test_baseline_capacity_is_the_full_batch_plateau() -> None:
 
 
 def test_collapse_is_reported_where_speculation_fills_the_batch() -> None:
-    """The speculation machinery's overhead is a fraction of the target pass that grows with the
-    running sequences (vLLM #49548), so a speculating step grows faster than linearly in the batch.
-    With that slope at 0.003 per sequence (3.75x the measured 0.0008) throughput peaks at a
-    moderate population and falls at full batch: a collapse. Capacity then lies between the two,
-    an open-loop run below it is stable, and one above the peak is overloaded."""
-    sc = load_scenario(DRAFT, {"rack.num_gpus": 4, "speculative.overhead_frac_per_seq": 0.003})
+    """The speculation machinery's overhead is a fraction of the plain decode pass that grows with
+    the decoding sequences (vLLM #49548), so a speculating step grows faster than linearly in the
+    batch. With that slope at 0.02 per sequence (25x the measured 0.0008; charged on the decode
+    pass only, not on prefill chunks, a collapse needs a steep slope) throughput peaks at a
+    moderate population and falls at full batch (vllm-v1: peak 5.50 req/s at 128 in system, 5.04
+    at full batch): a collapse. Capacity then lies between the two, an open-loop run below it is
+    stable, and one above the peak is overloaded."""
+    sc = load_scenario(DRAFT, {"rack.num_gpus": 4, "speculative.overhead_frac_per_seq": 0.02})
     cap = measure_capacity(sc, 1)
-    assert cap.collapse and cap.full_batch_rps < 0.9 * cap.peak_rps
+    assert cap.collapse and cap.full_batch_rps < 0.95 * cap.peak_rps
     assert cap.peak_concurrency < 256 and cap.method.startswith("open-loop")
     assert cap.full_batch_rps < cap.rps <= cap.peak_rps
     below = simulate(sc.with_overrides({"workload.rate_rps": 0.93 * cap.rps, "workload.duration_s": 1200}), 1).summary
