@@ -137,11 +137,7 @@ def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bo
     over_l = t_l > TREND_T and growth_l > max(TREND_REL * mean_l, 2.0)  # NaN compares False
     over_t = t_t > TREND_T and growth_t > max(TREND_REL * mean_t, 0.25)
     backlog = int((~done).sum())
-    reasons = []
-    if truncated:
-        reasons.append("stopped at the backlog limit")
-    if backlog:
-        reasons.append(f"{backlog} requests unfinished at the horizon")
+    reasons = _unfinished(truncated, backlog)
     if over_l:
         reasons.append(f"requests in system grew by {growth_l:.0f} over the window (mean {mean_l:.0f} in its first half)")
     if over_t:
@@ -160,6 +156,14 @@ def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bo
     return {"backlog": backlog, "judged_requests": len(m), "settle_s": settle, "in_system_mean": mean_l,
             "in_system_growth": growth_l, "in_system_trend_t": t_l, "ttft_growth_s": growth_t, "ttft_trend_t": t_t,
             "verdict": verdict, "verdict_reason": "; ".join(reasons), "stable": verdict == "stable"}
+
+
+def _unfinished(truncated: bool, backlog: int) -> list[str]:
+    """The overload reasons every verdict shares: stopped at the backlog limit, work left over."""
+    reasons = ["stopped at the backlog limit"] if truncated else []
+    if backlog:
+        reasons.append(f"{backlog} requests unfinished at the horizon")
+    return reasons
 
 
 def closed_loop_stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bool,
@@ -189,11 +193,7 @@ def closed_loop_stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, t
         if (counts > 0).all():
             growth_g, t_g, mean_g = trend(np.bincount(which, weights=lag, minlength=TREND_BATCHES) / counts)
     backlog = int((~done).sum())
-    reasons = []
-    if truncated:
-        reasons.append("stopped at the backlog limit")
-    if backlog:
-        reasons.append(f"{backlog} requests unfinished at the horizon")
+    reasons = _unfinished(truncated, backlog)
     if t_g > TREND_T and growth_g > max(TREND_REL * mean_g, 0.25):  # NaN compares False
         reasons.append(f"the wait for a free client (max_concurrency {concurrency}) grew by {growth_g:.2f} s over "
                        f"the window (mean {mean_g:.2f} s in its first half): the offered rate outruns the clients")
