@@ -7,6 +7,18 @@ retraining obligation vs teacher update cadence.
 The search: for each strategy and GPU type, double the number of replicas until the simulated
 run meets the SLO (stable, p99 TTFT and p99 TPOT within bounds), then bisect between the last
 failing and the first passing count. Meeting the SLO is assumed monotone in replicas (tested).
+
+The configuration search (on by default, `[search] configurations = false` turns it off) repeats
+that over a small grid per strategy and GPU type: tensor-parallel degree (every degree that fits
+the model), max_num_batched_tokens, max_num_seqs and, where the strategy speculates, k. Before any
+rack is simulated each configuration is pruned analytically with its measured capacity C per
+replica (sim.capacity, peak sustainable req/s): it needs at least ceil(rate / (C x (1 + CAP_SLACK)))
+replicas (no rack carries more than its capacity; the slack absorbs the capacity's measurement
+noise), more if min_replicas, max_utilisation or n+1 ask for them. A configuration whose lower
+bound exceeds max_gpus is skipped, and configurations are simulated in order of the cost of that
+cheapest possible rack; one whose cheapest possible rack already costs more than the best passing
+rack found so far is skipped without simulation. The answer per strategy is the cheapest passing
+configuration; `configs.csv` keeps every configuration (simulated, pruned, not applicable).
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from experiments.plan_cost import COST_KEYS, CostSpec, monthly_cost, parse_cost
 from experiments.sweep import Variant, check_distinct, default_sweep_path, parse_variant
 from models.catalog import GPUS, get_gpu
 from models.engines import get_profile, resolve
@@ -34,12 +47,48 @@ from sim.scenario import SLO_KEYS, Scenario, gpu_name, load_scenario, read_toml,
 from sim.simulate import simulate
 from sim.traces import load_trace, trace_rate_rps
 
+CAP_SLACK = 0.10  # the capacity bound on replicas allows 10% for the capacity's measurement noise
+TP_DEGREES = (1, 2, 4, 8)  # the tensor-parallel degrees searched by default (those that fit)
+DEFAULT_MBT = (2048, 8192)  # max_num_batched_tokens searched by default, with the base's own
+DEFAULT_K = (2, 4)  # speculative k searched by default (speculating strategies), with the strategy's own
 CADENCES = {"never": 0.0, "quarterly": 1.0 / 3.0, "monthly": 1.0, "weekly": 52.0 / 12.0}
 HOURS_PER_MONTH = 720.0
 
 
 # a plan's strategy is a sweep's variant: a name and overrides of the base scenario
 Strategy = Variant
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """The configuration grid (None: the default grid) and the rules every rack must keep."""
+
+    configurations: bool = True
+    tp: tuple[int, ...] | None = None
+    max_num_batched_tokens: tuple[int, ...] | None = None
+    max_num_seqs: tuple[int, ...] | None = None
+    k: tuple[int, ...] | None = None
+    min_replicas: int = 1
+    redundancy: str = "none"  # "none" | "n+1"
+    max_utilisation: float | None = None  # offered rate <= this fraction of the rack's capacity
+    gpus_per_node: int | None = None
+
+    def describe(self) -> str:
+        if not self.configurations:
+            return "off (each strategy as configured)"
+        def g(v: tuple[int, ...] | None, default: str) -> str:
+            return default if v is None else str(list(v))
+        return (f"TP {g(self.tp, 'every degree of ' + str(list(TP_DEGREES)) + ' that fits')}, max_num_batched_tokens "
+                f"{g(self.max_num_batched_tokens, str(list(DEFAULT_MBT)) + ' + the base')}, max_num_seqs "
+                f"{g(self.max_num_seqs, 'the base')}, k (speculating strategies) {g(self.k, str(list(DEFAULT_K)) + ' + the strategy' + chr(39) + 's')}; "
+                f"pruned by capacity (ceil(rate / capacity per replica) replicas at least, {CAP_SLACK:.0%} slack) "
+                "and by the best passing cost so far")
+
+    def rules(self) -> str:
+        u = "none" if self.max_utilisation is None else f"offered <= {self.max_utilisation:g} x capacity"
+        node = "GPUs one at a time" if self.gpus_per_node is None else (
+            f"whole nodes of {self.gpus_per_node} GPUs (a replica never straddles nodes)")
+        return f"min_replicas {self.min_replicas}, redundancy {self.redundancy}, max_utilisation {u}, {node}"
 
 
 @dataclass(frozen=True)
@@ -104,6 +153,8 @@ class PlanSpec:
     not_applicable: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)  # (strategy, gpu) -> why
     expected_requests: int = 0  # requests arriving in the measured window of one run at the plan's rate
     warnings: tuple[str, ...] = ()
+    search: SearchSpec = dataclasses.field(default_factory=lambda: SearchSpec(configurations=False))
+    cost: CostSpec = dataclasses.field(default_factory=CostSpec)
 
     def inputs(self) -> dict[str, str]:
         """The effective inputs, for the terminal header and the report."""
@@ -116,7 +167,7 @@ class PlanSpec:
         train_price = get_gpu(dist.training_gpu).usd_per_gpu_hour if train_price is None else train_price
         traffic = self.traffic.describe() if self.traffic else f"{self.rate_rps:.2f} req/s"
         return {
-            "model": f"{dep.model}, TP{dep.tensor_parallel}, weights {dep.weights}, KV cache {dep.kv_cache}",
+            "model": f"{dep.model}, TP{dep.tensor_parallel}, weights {dep.weights}, KV cache {dep.kv_cache} (precision)",
             "engine": f"{dep.engine} ({get_profile(dep.engine).engine}): {sched.prefill} prefill"
                       f"{', chunked' if sched.chunked_prefill else ', whole prompts'}, max_num_batched_tokens "
                       f"{sched.max_num_batched_tokens}, max_num_seqs {sched.max_num_seqs}",
@@ -124,7 +175,10 @@ class PlanSpec:
             "strategies": ", ".join(s.name for s in self.strategies),
             "SLO": f"{b.slo.describe()}, judged on a stable run (every seed)",
             "tail-quality floor": f"{self.quality_floor_tail:g}",
-            "prices": prices,
+            "configuration search": self.search.describe(),
+            "rack rules": self.search.rules(),
+            "cost": self.cost.describe(self.gpus),
+            "prices": prices if self.cost.mode == "rent" else f"{prices} (rent prices; unused in buy mode)",
             "retraining": f"{self.teacher_updates_per_month:g} teacher updates/month, trained on {dist.training_gpu} at ${train_price:g}/h",
             "traffic": traffic,
             "simulated": f"{wl.duration_s:.0f} s per run after {wl.warmup_s:.0f} s warm-up included; "
@@ -133,15 +187,18 @@ class PlanSpec:
 
 
 # the keys each plan table takes; anything else is a typo (did-you-mean) or a key in the wrong table
-TOP_KEYS = ("name", "base", "base_set", "strategies", "traffic", "slo", "search", "quality", "analyses", "quick")
+TOP_KEYS = ("name", "base", "base_set", "strategies", "traffic", "slo", "search", "cost", "quality", "analyses", "quick")
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "traffic": ("rate_rps", "trace", "trace_format", "growth", "window", "start_s", "end_s"),
-    "search": ("gpus", "usd_per_gpu_hour", "max_gpus", "duration_s", "warmup_s", "seeds"),
+    "search": ("gpus", "usd_per_gpu_hour", "max_gpus", "duration_s", "warmup_s", "seeds", "configurations", "tp",
+               "max_num_batched_tokens", "max_num_seqs", "k", "min_replicas", "redundancy", "max_utilisation",
+               "gpus_per_node"),
+    "cost": COST_KEYS,
     "quality": ("floor_tail", "teacher_updates_per_month", "training_gpu", "training_usd_per_gpu_hour"),
     "analyses": ("curve_multipliers", "map_utilisation", "map_acceptance", "shift_tail_shares", "shift_utilisation"),
     "slo": SLO_KEYS,
 }
-QUICK_SECTIONS = ("traffic", "search", "quality", "analyses", "slo")
+QUICK_SECTIONS = ("traffic", "search", "cost", "quality", "analyses", "slo")
 MIN_JUDGED = 500  # fewer measured requests than this make a p99 too noisy to buy hardware on
 MAX_RATE_SHIFT = 0.10  # --quick may not move the simulated rate further than this from the plan's
 
@@ -317,6 +374,9 @@ def load_plan(path: str | Path, quick: bool = False) -> PlanSpec:
             if section == "traffic" and ("window" in values or "start_s" in values or "end_s" in values):
                 for k in ("window", "start_s", "end_s"):
                     d["traffic"].pop(k, None)
+            if section == "search" and values.get("configurations") is False:  # a quick plan may skip the grid
+                for k in ("tp", "max_num_batched_tokens", "max_num_seqs", "k"):
+                    d["search"].pop(k, None)
             d[section].update(values)
     search, q, a = d["search"], d["quality"], d["analyses"]
     tr, dur, warm = _resolve_traffic(d, p)
@@ -367,6 +427,8 @@ def load_plan(path: str | Path, quick: bool = False) -> PlanSpec:
     not_applicable = _applicability(p.name, base, strategies, gpus, prices, tr)
     _check_reachable(p.name, base, strategies, gpus, prices, tr.headline_rps, max_gpus, not_applicable)
     floor = _num(q, "floor_tail", "quality", 0.0, lo=0, hi=1)
+    search_spec = _search_spec(search)
+    cost = parse_cost(d["cost"], gpus, search_spec.gpus_per_node)
     expected = _measured_requests(tr, base.workload.duration_s, warm)
     if expected < MIN_JUDGED:
         warnings.append(f"WARNING: each run measures only ~{expected} requests (< {MIN_JUDGED}): its p99 rests on "
@@ -382,7 +444,46 @@ def load_plan(path: str | Path, quick: bool = False) -> PlanSpec:
         shift_tail_shares=_nums(a, "shift_tail_shares", [0.0, 0.2, 0.4, 0.6], lo=0, hi=0.999),
         shift_utilisation=_num(a, "shift_utilisation", "analyses", 0.5, lo=0, lo_open=True, hi=5),
         traffic=tr, not_applicable=not_applicable, expected_requests=expected, warnings=tuple(warnings),
+        search=search_spec, cost=cost,
     )
+
+
+def _ints(d: dict[str, Any], key: str, lo: int) -> tuple[int, ...] | None:
+    """A grid of integers from [search] (None when absent: the default grid)."""
+    if key not in d:
+        return None
+    v = d[key]
+    if not isinstance(v, list) or not v:
+        raise ConfigError(f"search.{key}: must be a non-empty list of integers, e.g. {key} = [{lo}], got {v!r}")
+    out = tuple(int(_num({key: x}, key, "search", 0, lo=lo, integer=True)) for x in v)
+    if len(set(out)) != len(out):
+        raise ConfigError(f"search.{key}: lists a value twice: {v!r}")
+    return out
+
+
+def _search_spec(search: dict[str, Any]) -> SearchSpec:
+    """Validate [search]'s grid and rack rules."""
+    on = search.get("configurations", True)
+    if not isinstance(on, bool):
+        raise ConfigError(f"search.configurations: must be true or false, got {on!r}")
+    red = search.get("redundancy", "none")
+    if red not in ("none", "n+1"):
+        raise ConfigError(f"search.redundancy: must be 'none' or 'n+1', got {red!r}")
+    util = None
+    if "max_utilisation" in search:
+        util = _num(search, "max_utilisation", "search", 1.0, lo=0, lo_open=True, hi=1)
+    gpn = None
+    if "gpus_per_node" in search:
+        gpn = int(_num(search, "gpus_per_node", "search", 8, lo=1, integer=True))
+    grids = {k: _ints(search, k, lo) for k, lo in (("tp", 1), ("max_num_batched_tokens", 16), ("max_num_seqs", 1), ("k", 1))}
+    if not on:
+        given = [k for k, v in grids.items() if v is not None]
+        if given:
+            raise ConfigError(f"search.{given[0]}: a grid needs search.configurations = true (it is false)")
+    return SearchSpec(configurations=on, tp=grids["tp"], max_num_batched_tokens=grids["max_num_batched_tokens"],
+                      max_num_seqs=grids["max_num_seqs"], k=grids["k"],
+                      min_replicas=int(_num(search, "min_replicas", "search", 1, lo=1, integer=True)),
+                      redundancy=red, max_utilisation=util, gpus_per_node=gpn)
 
 
 def _strategies(d: dict[str, Any]) -> list[Strategy]:
@@ -536,12 +637,16 @@ def _binding(sm: dict[str, Any]) -> tuple[str, float]:
 
 def min_rack(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], rate: float, max_gpus: int,
              seeds: tuple[int, ...], teacher_updates: float, start: int = 1, *,
-             traffic: Traffic | None = None) -> dict[str, Any]:
-    """Smallest replica count meeting the SLO at this rate (doubling, then bisection)."""
+             traffic: Traffic | None = None, floor: int = 1) -> dict[str, Any]:
+    """Smallest replica count >= floor meeting the SLO at this rate: from `start` (a guess),
+    doubling until a run passes, then down to the minimum (the count below it is simulated and
+    fails, unless it is below `floor`)."""
     per = gpus_per_replica(_scenario(base, s, gpu, prices, 1, rate, traffic=traffic))
     max_rep = max_gpus // per
     if max_rep < 1:
         return {"feasible": False, "reason": f"one replica needs {per} GPUs > max_gpus {max_gpus}"}
+    if floor > max_rep:
+        return {"feasible": False, "reason": f"the rack rules need >= {floor} replicas = {floor * per} GPUs > max_gpus {max_gpus}"}
     cache: dict[int, dict[str, Any]] = {}
 
     def ok(r: int) -> bool:
@@ -549,60 +654,249 @@ def min_rack(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], ra
             cache[r] = evaluate(_scenario(base, s, gpu, prices, r, rate, teacher_updates, traffic=traffic), seeds)
         return cache[r]["meets_slo"]
 
-    lo, hi = 0, max(1, min(start, max_rep))  # lo fails (0 replicas always fails), hi to be tested
+    lo, hi = floor - 1, max(floor, min(start, max_rep))  # lo fails (or is not allowed), hi to be tested
     while not ok(hi):
         lo = hi
         if hi == max_rep:
             return {"feasible": False, "reason": f"SLO not met even with {max_rep * per} GPUs (max_gpus)",
                     "evaluations": len(cache)}
         hi = min(max_rep, hi * 2)
-    # when started above 1, make sure hi - 1 fails (the answer is minimal)
-    while hi > 1 and lo < hi - 1:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-    if hi > 1 and lo != hi - 1:
-        ok(hi - 1)
+    # hi passes; a good start is the minimum, so try one fewer before bisecting down
+    if lo < hi - 1 and ok(hi - 1):
+        hi -= 1
+        while lo < hi - 1:
+            mid = (lo + hi) // 2
+            if ok(mid):
+                hi = mid
+            else:
+                lo = mid
     res = cache[hi]["summary"]
     return {"feasible": True, "replicas": hi, "gpus": hi * per, "gpus_per_replica": per, "summary": res,
-            "evaluations": len(cache), "one_fewer_meets_slo": cache[hi - 1]["meets_slo"] if hi > 1 else False}
+            "evaluations": len(cache), "one_fewer_meets_slo": cache[hi - 1]["meets_slo"] if hi - 1 in cache else False}
+
+
+def configured(s: Strategy, base: Scenario, cfg: dict[str, int | None]) -> Strategy:
+    """The strategy with a configuration applied: tp, max_num_batched_tokens, max_num_seqs, k
+    (None keeps the strategy's own)."""
+    over = dict(s.overrides)
+    for key, field in (("tp", "deployment.tensor_parallel"), ("max_num_batched_tokens", "deployment.max_num_batched_tokens"),
+                       ("max_num_seqs", "deployment.max_num_seqs")):
+        if cfg.get(key) is not None:
+            over[field] = cfg[key]
+    k = cfg.get("k")
+    if k is not None:
+        spec = over.get("speculative")
+        if isinstance(spec, dict):
+            over["speculative"] = {**spec, "num_speculative_tokens": k}
+        elif base.speculative is not None and "speculative" not in over:
+            over["speculative"] = {**base.speculative.model_dump(mode="json"), "num_speculative_tokens": k}
+    return Strategy(s.name, over)
+
+
+def config_of(sc: Scenario) -> dict[str, int | None]:
+    """The configuration a scenario resolves to (plan.csv's tp, max_num_batched_tokens, ... columns)."""
+    sched = sc.deployment.scheduling()
+    return {"tp": sc.deployment.tensor_parallel, "max_num_batched_tokens": sched.max_num_batched_tokens,
+            "max_num_seqs": sched.max_num_seqs, "k": sc.speculative.num_speculative_tokens if sc.speculative else None}
+
+
+def _one(spec: PlanSpec, s: Strategy, gpu: str, rate: float) -> Scenario:
+    return _scenario(spec.base, s, gpu, spec.prices, 1, rate, traffic=spec.traffic)
+
+
+def replica_bounds(spec: PlanSpec, cap_rps: float, rate: float) -> tuple[int, int]:
+    """(floor, lower bound) on the minimal passing replica count before n+1: the floor is what the
+    rules demand (min_replicas, max_utilisation), the bound adds the capacity's: no rack carries
+    more than replicas x capacity (with CAP_SLACK for measurement noise)."""
+    floor = spec.search.min_replicas
+    if spec.search.max_utilisation is not None:
+        floor = max(floor, math.ceil(rate / (spec.search.max_utilisation * cap_rps) - 1e-9))
+    return floor, max(floor, math.ceil(rate / (cap_rps * (1.0 + CAP_SLACK)) - 1e-9))
 
 
 def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
-             teacher_updates: float | None = None) -> dict[str, Any]:
-    """The planning answer for one strategy on one GPU type at one traffic rate."""
+             teacher_updates: float | None = None, *, cap_rps: float | None = None) -> dict[str, Any]:
+    """The planning answer for one strategy (one configuration) on one GPU type at one traffic
+    rate, keeping the plan's rack rules (min_replicas, max_utilisation, n+1, whole nodes)."""
+    from sim.simulate import capacity
+
     tu = spec.teacher_updates_per_month if teacher_updates is None else teacher_updates
     engine = resolve(str(s.overrides.get("deployment.engine", spec.base.deployment.engine)))
     row: dict[str, Any] = {"strategy": s.name, "gpu": gpu, "engine_profile": engine, "rate_rps": rate}
-    why = spec.not_applicable.get((s.name, gpu))
+    why = spec.not_applicable.get((s.name, gpu)) if not spec.search.configurations else None
+    if why is None:
+        try:
+            one = _one(spec, s, gpu, rate)
+        except ConfigError as err:
+            why = str(err)
     if why is not None:
         return {**row, "feasible": False, "reason": f"not applicable: {why}", "evaluations": 0}
-    r = min_rack(spec.base, s, gpu, spec.prices, rate, spec.max_gpus, spec.seeds, tu, start, traffic=spec.traffic)
+    row.update(config_of(one))
+    per = gpus_per_replica(one)
+    rules = spec.search
+    if rules.gpus_per_node is not None and per > rules.gpus_per_node:
+        return {**row, "feasible": False, "evaluations": 0,
+                "reason": f"not applicable: a replica of {per} GPUs straddles nodes of {rules.gpus_per_node}"}
+    floor = rules.min_replicas
+    if cap_rps is None and rules.max_utilisation is not None:
+        cap_rps = capacity(one, speculative=True).rps
+    if cap_rps is not None:
+        floor, bound = replica_bounds(spec, cap_rps, rate)
+        start = max(start, bound)
+    extra = 1 if rules.redundancy == "n+1" else 0
+    r = min_rack(spec.base, s, gpu, spec.prices, rate, spec.max_gpus - extra * per, spec.seeds, tu, start,
+                 traffic=spec.traffic, floor=floor)
     row.update(feasible=r["feasible"], evaluations=r.get("evaluations", 0))
     if not r["feasible"]:
-        row["reason"] = r["reason"]
+        row["reason"] = r["reason"] + (" (one replica kept for n+1)" if extra else "")
         return row
-    sm = r["summary"]
+    sm, replicas = r["summary"], r["replicas"]
+    row["minimal_replicas"] = replicas
+    if extra:  # n+1: the rack that meets the SLO with one replica down; its own run is reported
+        replicas += 1
+        ev = evaluate(_scenario(spec.base, s, gpu, spec.prices, replicas, rate, tu, traffic=spec.traffic), spec.seeds)
+        sm = ev["summary"]
+        row["evaluations"] += 1
     price = sm["usd_per_gpu_hour"]
     row.update(
-        replicas=r["replicas"], gpus=r["gpus"], one_fewer_meets_slo=r["one_fewer_meets_slo"],
+        replicas=replicas, gpus=replicas * per, gpus_per_replica=per, redundancy=rules.redundancy,
+        one_fewer_meets_slo=True if extra else r["one_fewer_meets_slo"],
         simulated_rate_rps=sm["offered_rps"], judged_requests=sm["judged_requests"], itl_samples=sm["itl_samples"],
         verdict=sm["verdict"],
         ttft_p99_s=sm["ttft_s"]["p99"], tpot_p99_s=sm["tpot_s"]["p99"], itl_p99_s=sm["itl_s"]["p99"],
         tpot_mean_s=sm["tpot_s"]["mean"], e2e_p99_s=sm["e2e_s"]["p99"], mfu=sm["mfu"], mean_batch_size=sm["mean_batch_size"],
-        serving_usd_per_month=r["gpus"] * price * HOURS_PER_MONTH,
-        retraining_usd_per_month=sm["retraining_usd_per_month"],
+        gpu_busy_fraction=sm["gpu_busy_fraction"], throughput_tok_s=sm["throughput_tok_s"],
         quality_in_distribution=sm["quality_in_distribution"], quality_tail=sm["quality_tail"],
         usd_per_gpu_hour=price,
     )
+    if cap_rps is not None:
+        row.update(capacity_per_replica_rps=cap_rps, capacity_rps=cap_rps * replicas,
+                   utilisation=rate / (cap_rps * replicas))
+    row.update(monthly_cost(spec.cost, gpu, price, replicas, per, rules.gpus_per_node, sm["gpu_busy_fraction"]))
+    row["retraining_usd_per_month"] = sm["retraining_usd_per_month"]
     for key, c in sm["slo"].items():  # every check by name: slo_ttft_p99_s_value, _target, _met
         row[f"slo_{key}_value"], row[f"slo_{key}_target"], row[f"slo_{key}_met"] = c["value"], c["target"], c["met"]
     row["binding_slo"] = _binding(sm)[0]
-    row["total_usd_per_month"] = row["serving_usd_per_month"] + row["retraining_usd_per_month"]
+    row["total_usd_per_month"] = row["serving_usd_per_month"] + row["power_usd_per_month"] + row["retraining_usd_per_month"]
+    mtok = sm["throughput_tok_s"] * HOURS_PER_MONTH * 3600.0 / 1e6  # output tokens served per month at this rate
+    row["usd_per_mtok_at_slo"] = row["total_usd_per_month"] / mtok if mtok > 0 else float("nan")
     row["passes_quality_floor"] = bool(sm["quality_tail"] >= spec.quality_floor_tail)
     return row
+
+
+def grid(spec: PlanSpec, s: Strategy, gpu: str, rate: float) -> list[dict[str, int | None]]:
+    """The configurations searched for a strategy on a GPU type (the strategy as configured first)."""
+    g = spec.search
+    if not g.configurations:
+        return [{}]
+    try:
+        own = config_of(_one(spec, s, gpu, rate))
+    except ConfigError:
+        sc = spec.base.with_overrides(s.overrides) if "rack.gpu" not in s.overrides else spec.base
+        own = {"tp": sc.deployment.tensor_parallel, "max_num_batched_tokens": sc.deployment.scheduling().max_num_batched_tokens,
+               "max_num_seqs": sc.deployment.scheduling().max_num_seqs,
+               "k": sc.speculative.num_speculative_tokens if sc.speculative else None}
+    tps = g.tp or TP_DEGREES
+    mbts = g.max_num_batched_tokens or tuple(sorted({*DEFAULT_MBT, int(own["max_num_batched_tokens"] or 0)}))
+    mnss: tuple[int | None, ...] = g.max_num_seqs or (None,)  # None: the strategy's own (as configured)
+    ks: tuple[int | None, ...] = (None,)
+    if own["k"] is not None:
+        ks = g.k or tuple(sorted({*DEFAULT_K, int(own["k"])}))
+    out = [{"tp": t, "max_num_batched_tokens": m, "max_num_seqs": n, "k": k} for t in tps for m in mbts for n in mnss for k in ks]
+    out.sort(key=lambda c: {**c, "max_num_seqs": c["max_num_seqs"] or own["max_num_seqs"]} != own)
+    return out
+
+
+def search_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, prune: bool = True) -> dict[str, Any]:
+    """The cheapest passing configuration of a strategy on a GPU type, and every configuration
+    tried (see the module docstring): {"row": ..., "configs": [...]}."""
+    from sim.simulate import capacity
+
+    rules = spec.search
+    extra = 1 if rules.redundancy == "n+1" else 0
+    configs: list[dict[str, Any]] = []
+    cands: list[tuple[float, int, int, Strategy, float | None, dict[str, Any]]] = []
+    cfgs = grid(spec, s, gpu, rate)
+    # one configuration and no utilisation target: nothing to prune, so no capacity to measure
+    measure = len(cfgs) > 1 or rules.max_utilisation is not None
+    for cfg in cfgs:
+        sc_s = configured(s, spec.base, cfg)
+        base_row: dict[str, Any] = {"strategy": s.name, "gpu": gpu, **cfg}
+        try:
+            one = _one(spec, sc_s, gpu, rate)
+        except ConfigError as err:
+            configs.append({**base_row, "status": "not applicable", "reason": str(err)})
+            continue
+        base_row.update(config_of(one))
+        per = gpus_per_replica(one)
+        if rules.gpus_per_node is not None and per > rules.gpus_per_node:
+            configs.append({**base_row, "status": "not applicable",
+                            "reason": f"a replica of {per} GPUs straddles nodes of {rules.gpus_per_node}"})
+            continue
+        if not measure:
+            cands.append((0.0, per, 0, sc_s, None, {**base_row, "gpus_per_replica": per}))
+            continue
+        cap = capacity(one, speculative=True).rps
+        _, bound = replica_bounds(spec, cap, rate)
+        lb = bound + extra
+        lb_cost = monthly_cost(spec.cost, gpu, one.rack.usd_per_gpu_hour if one.rack.usd_per_gpu_hour is not None
+                               else get_gpu(gpu).usd_per_gpu_hour, lb, per, rules.gpus_per_node, 0.0)
+        lb_usd = float(lb_cost["serving_usd_per_month"]) + float(lb_cost["power_usd_per_month"])
+        base_row.update(gpus_per_replica=per, capacity_per_replica_rps=cap, lower_bound_replicas=lb,
+                        lower_bound_usd_per_month=lb_usd)
+        if lb * per > spec.max_gpus:
+            configs.append({**base_row, "status": "pruned", "reason": f"needs >= {lb} replicas x {cap:.2f} req/s = "
+                            f"{lb * per} GPUs > max_gpus {spec.max_gpus} to reach {rate:.2f} req/s"})
+            continue
+        cands.append((lb_usd, per, len(cands), sc_s, cap, base_row))
+    cands.sort(key=lambda c: c[:3])
+    best: dict[str, Any] | None = None
+    for lb_usd, _, _, sc_s, cap_or_none, base_row in cands:
+        best_usd = (best["serving_usd_per_month"] + best["power_usd_per_month"]) if best else math.inf
+        if prune and lb_usd > best_usd:
+            configs.append({**base_row, "status": "pruned", "reason": f"its cheapest possible rack costs "
+                            f"${lb_usd:,.0f}/month > the best passing rack's ${best_usd:,.0f}"})
+            continue
+        row = plan_row(spec, sc_s, gpu, rate, cap_rps=cap_or_none)
+        ok = bool(row["feasible"])
+        configs.append({**base_row, **row, "status": "passes" if ok else "fails"})
+        if ok and (best is None or _cost_key(row) < _cost_key(best)):
+            best = row
+    if best is None:
+        sim = [c for c in configs if c["status"] == "fails"]
+        first = (sim or configs)[0] if (sim or configs) else {"reason": "no configuration"}
+        best = {"strategy": s.name, "gpu": gpu, "rate_rps": rate, "feasible": False,
+                "engine_profile": resolve(str(s.overrides.get("deployment.engine", spec.base.deployment.engine))),
+                "reason": ("" if sim else "not applicable: " if all(c["status"] == "not applicable" for c in configs)
+                           else "") + str(first.get("reason", "")) + (f" (best of {len(configs)} configurations)"
+                                                                       if len(configs) > 1 else ""),
+                "evaluations": sum(int(c.get("evaluations", 0) or 0) for c in configs)}
+    else:
+        best = {**best, "configurations_searched": len(configs),
+                "configurations_simulated": sum(c["status"] in ("passes", "fails") for c in configs),
+                "evaluations": sum(int(c.get("evaluations", 0) or 0) for c in configs)}
+    return {"row": best, "configs": configs}
+
+
+def _cost_key(row: dict[str, Any]) -> tuple[float, int, int, int, int, int]:
+    """Cheapest first; ties to fewer GPUs, then the smaller configuration (deterministic)."""
+    return (round(row["serving_usd_per_month"] + row["power_usd_per_month"], 6), int(row["gpus"]), int(row["tp"]),
+            int(row["max_num_batched_tokens"]), int(row["max_num_seqs"]), int(row.get("k") or 0))
+
+
+def pareto(configs: pd.DataFrame) -> pd.Series:
+    """Whether a passing configuration is on the cost-vs-capacity frontier: no other passing one
+    costs no more and carries at least as much, one of them strictly."""
+    ok = configs.get("status", pd.Series(dtype=str)) == "passes"
+    out = pd.Series(False, index=configs.index)
+    if not ok.any():
+        return out
+    c = configs[ok]
+    cost, cap = c.total_usd_per_month.to_numpy(float), c.capacity_rps.to_numpy(float)
+    for i, idx in enumerate(c.index):
+        dominated = ((cost <= cost[i]) & (cap >= cap[i]) & ((cost < cost[i]) | (cap > cap[i]))).any()
+        out[idx] = not dominated
+    return out
 
 
 def _map(fn: Any, tasks: list[tuple[Any, ...]], jobs: int | None) -> list[Any]:
@@ -612,11 +906,30 @@ def _map(fn: Any, tasks: list[tuple[Any, ...]], jobs: int | None) -> list[Any]:
         return list(ex.map(fn, *zip(*tasks, strict=True)))
 
 
+def run_search(spec: PlanSpec, jobs: int | None = None, prune: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the ranked planning table: one row per strategy x GPU type at the plan's traffic, its
+    cheapest passing configuration; every configuration searched, with `pareto`)."""
+    tasks = [(spec, s, g, spec.rate_rps, prune) for g in spec.gpus for s in spec.strategies]
+    found = _map(search_row, tasks, jobs)
+    configs = pd.DataFrame([c for f in found for c in f["configs"]])
+    if len(configs):
+        configs["cost_mode"] = spec.cost.mode
+        configs["pareto"] = pareto(configs)
+    return rank(pd.DataFrame([f["row"] for f in found])), configs
+
+
 def run_plan(spec: PlanSpec, jobs: int | None = None) -> pd.DataFrame:
-    """The ranked planning table: one row per strategy x GPU type at the plan's traffic."""
-    tasks = [(spec, s, g, spec.rate_rps) for g in spec.gpus for s in spec.strategies]
-    df = pd.DataFrame(_map(plan_row, tasks, jobs))
-    return rank(df)
+    """The ranked planning table (see run_search)."""
+    return run_search(spec, jobs)[0]
+
+
+def row_config(r: Any) -> dict[str, int | None]:
+    """The configuration of a plan.csv row (tp, max_num_batched_tokens, max_num_seqs, k)."""
+    out: dict[str, int | None] = {}
+    for k in ("tp", "max_num_batched_tokens", "max_num_seqs", "k"):
+        v = r.get(k) if hasattr(r, "get") else None
+        out[k] = int(v) if v is not None and v == v else None
+    return out
 
 
 def rank(df: pd.DataFrame) -> pd.DataFrame:
@@ -632,9 +945,11 @@ def capacity_curves(spec: PlanSpec, answer: pd.DataFrame, jobs: int | None = Non
     for g in spec.gpus:
         for s in spec.strategies:
             hit = answer[(answer.strategy == s.name) & (answer.gpu == g)]
-            base_rep = int(hit.replicas.iloc[0]) if len(hit) and bool(hit.feasible.iloc[0]) else 1
+            found = len(hit) and bool(hit.feasible.iloc[0])
+            base_rep = int(hit.replicas.iloc[0]) if found else 1
+            chosen = configured(s, spec.base, row_config(hit.iloc[0])) if found else s  # the plan's configuration
             for m in spec.curve_multipliers:
-                tasks.append((spec, s, g, spec.rate_rps * m, max(1, round(base_rep * m))))
+                tasks.append((spec, chosen, g, spec.rate_rps * m, max(1, round(base_rep * m))))
     rows = _map(plan_row, tasks, jobs)
     df = pd.DataFrame(rows)
     df["traffic_multiplier"] = df.rate_rps / spec.rate_rps
@@ -736,7 +1051,7 @@ def retraining_table(spec: PlanSpec, answer: pd.DataFrame) -> pd.DataFrame:
     a re-distillation per update and lose quality while stale, the others pay nothing."""
     rows = []
     for _, r in answer[answer.feasible.astype(bool)].iterrows():
-        s = next(x for x in spec.strategies if x.name == r.strategy)
+        s = configured(next(x for x in spec.strategies if x.name == r.strategy), spec.base, row_config(r))
         sc = _scenario(spec.base, s, r.gpu, spec.prices, int(r.replicas), spec.rate_rps, traffic=spec.traffic)
         rt = build_runtime(sc)
         for cad, per_month in CADENCES.items():
@@ -766,9 +1081,10 @@ def main_plan(a: Any) -> int:
         print(f"  {k}: {v}", file=sys.stderr)
     for w in spec.warnings:
         print(f"specrack: {w}", file=sys.stderr)
-    answer = run_plan(spec, a.jobs)
+    answer, configs = run_search(spec, a.jobs)
     answer.to_csv(out / "plan.csv", index=False)
-    tables = {"plan": answer}
+    configs.to_csv(out / "configs.csv", index=False)
+    tables = {"plan": answer, "configs": configs}
     if not a.no_analyses:
         print("capacity curves...", file=sys.stderr)
         tables["curves"] = capacity_curves(spec, answer, a.jobs)
@@ -780,30 +1096,39 @@ def main_plan(a: Any) -> int:
         tables["shift"] = acceptance_shift(spec, a.jobs)
         tables["retraining"] = retraining_table(spec, answer)
         for k, v in tables.items():
-            if k != "plan":
+            if k not in ("plan", "configs"):
                 v.to_csv(out / f"{k}.csv", index=False)
     report = write_plan_report(spec, tables, out)
-    print_ranked(answer)
-    print(f"wrote {out / 'plan.csv'}, {report}")
+    print_ranked(answer, spec)
+    print(f"wrote {out / 'plan.csv'}, {out / 'configs.csv'}, {report}")
     return 0
 
 
-def print_ranked(df: pd.DataFrame) -> None:
-    """The ranked table: each SLO target's value (its percentile) and the binding check by name."""
+def print_ranked(df: pd.DataFrame, spec: PlanSpec | None = None) -> None:
+    """The ranked table: each option's configuration, each SLO target's value (its percentile),
+    the binding check by name, and its monthly cost split ($/month) and $ per million output tokens."""
+    if spec is not None:
+        b = spec.base
+        print(f"model {b.deployment.model} ({b.deployment.weights} weights, {b.deployment.kv_cache} KV), engine "
+              f"{b.deployment.engine}, base rack {b.rack.num_gpus}x {b.rack.gpu} TP{b.deployment.tensor_parallel}, traffic "
+              f"{spec.rate_rps:.2f} req/s; cost mode {spec.cost.mode}; {spec.search.rules()}")
     checks = [c.removeprefix("slo_").removesuffix("_value") for c in df.columns if c.startswith("slo_") and c.endswith("_value")]
     heads = [f"{c.split('_')[0].upper()} {c.split('_')[1]}" for c in checks]
-    print(f"{'rank':>4} {'strategy':<24} {'gpu':<10} {'GPUs':>5} " + " ".join(f"{h:>10}" for h in heads)
-          + f" {'$/month':>10} {'q in':>6} {'q tail':>6}  floor  {'req/s sim':>9}  binding")
+    print(f"{'rank':>4} {'strategy':<20} {'gpu':<9} {'TP':>2} {'MBT':>5} {'seqs':>4} {'k':>2} {'reps':>4} {'GPUs':>5} "
+          + " ".join(f"{h:>9}" for h in heads)
+          + f" {'serving $/mo':>12} {'power $/mo':>10} {'total $/mo':>12} {'$/Mtok':>7} {'q tail':>6}  floor  binding")
     for i, r in df.iterrows():
         if not r.feasible:
-            print(f"{i + 1:>4} {r.strategy:<24} {r.gpu:<10}  infeasible: {r.get('reason', '')}")
+            print(f"{i + 1:>4} {r.strategy:<20} {r.gpu:<9}  infeasible: {r.get('reason', '')}")
             continue
-        vals = " ".join(f"{_fmt_s(r[f'slo_{c}_value']):>10}" for c in checks)
+        vals = " ".join(f"{_fmt_s(r[f'slo_{c}_value']):>9}" for c in checks)
         b = r.get("binding_slo")
         binding = f"{b} ({r[f'slo_{b}_value'] / r[f'slo_{b}_target']:.0%} of target)" if isinstance(b, str) and b else "-"
-        print(f"{i + 1:>4} {r.strategy:<24} {r.gpu:<10} {int(r.gpus):>5} {vals} "
-              f"{r.total_usd_per_month:>10,.0f} {r.quality_in_distribution:>6.3f} {r.quality_tail:>6.3f}  "
-              f"{'pass' if r.passes_quality_floor else 'FAIL'}  {r.simulated_rate_rps:>9.2f}  {binding}")
+        k = "-" if r.get("k") is None or r.get("k") != r.get("k") else f"{int(r.k)}"
+        print(f"{i + 1:>4} {r.strategy:<20} {r.gpu:<9} {int(r.tp):>2} {int(r.max_num_batched_tokens):>5} "
+              f"{int(r.max_num_seqs):>4} {k:>2} {int(r.replicas):>4} {int(r.billed_gpus):>5} {vals} "
+              f"{r.serving_usd_per_month:>12,.0f} {r.power_usd_per_month:>10,.0f} {r.total_usd_per_month:>12,.0f} "
+              f"{r.usd_per_mtok_at_slo:>7.2f} {r.quality_tail:>6.3f}  {'pass' if r.passes_quality_floor else 'FAIL'}   {binding}")
 
 
 def _fmt_s(v: float) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from models.catalog import get_gpu
 from models.errors import ConfigError
@@ -90,7 +91,7 @@ def monthly_cost(cost: CostSpec, gpu: str, usd_per_gpu_hour: float, replicas: in
     return out
 
 
-def parse_cost(t: dict[str, object], gpus: tuple[str, ...], gpus_per_node: int | None) -> CostSpec:
+def parse_cost(t: dict[str, Any], gpus: tuple[str, ...], gpus_per_node: int | None) -> CostSpec:
     """Validate the plan's [cost] table (keys already checked against COST_KEYS)."""
     mode = t.get("mode", "rent")
     if mode not in MODES:

@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
+from experiments.plan import CAP_SLACK
 from experiments.report import PALETTE
 
 
@@ -87,15 +88,61 @@ def retraining_chart(rt: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def pareto_chart(configs: pd.DataFrame) -> go.Figure:
+    """Every simulated passing configuration's monthly cost vs the capacity of its rack, the
+    cost-vs-capacity Pareto frontier joined."""
+    fig = go.Figure()
+    ok = configs[configs.status == "passes"]
+    for i, (name, g) in enumerate(ok.groupby(["strategy", "gpu"], sort=False)):
+        label = [f"TP{int(r.tp)}, MBT {int(r.max_num_batched_tokens)}, seqs {int(r.max_num_seqs)}"
+                 + ("" if r.get("k") is None or r.get("k") != r.get("k") else f", k {int(r.k)}")
+                 + f": {int(r.replicas)} replicas" for _, r in g.iterrows()]
+        fig.add_trace(go.Scatter(x=g.capacity_rps, y=g.total_usd_per_month, mode="markers", name=f"{name[0]} ({name[1]})",
+                                 text=label, marker={"color": PALETTE[i % len(PALETTE)], "size": 9},
+                                 hovertemplate="%{text}<br>capacity %{x:.2f} req/s<br>$%{y:,.0f}/month<extra></extra>"))
+    front = ok[ok.pareto.astype(bool)].sort_values("capacity_rps")
+    fig.add_trace(go.Scatter(x=front.capacity_rps, y=front.total_usd_per_month, mode="lines", name="Pareto frontier",
+                             line={"color": "#222", "dash": "dash", "shape": "hv"}))
+    fig.update_layout(template="plotly_white", height=460,
+                      title="Configurations: monthly cost vs rack capacity (passing racks; frontier dashed)",
+                      xaxis_title="rack capacity (req/s, replicas x capacity per replica)", yaxis_title="total cost ($/month)")
+    return fig
+
+
+_MONEY = {"serving_usd_per_month": "serving ($/month)", "power_usd_per_month": "power ($/month)",
+          "retraining_usd_per_month": "retraining ($/month)", "total_usd_per_month": "total ($/month)",
+          "lower_bound_usd_per_month": "cheapest possible ($/month)"}
+
+
+def _money(df: pd.DataFrame) -> pd.DataFrame:
+    """Cost columns as text with units: $/month with thousands separators, $/Mtok to 2 decimals."""
+    out = df.copy()
+    for c in _MONEY:
+        if c in out:
+            out[c] = [f"${v:,.0f}" if v == v else "" for v in out[c].astype(float)]
+    if "usd_per_mtok_at_slo" in out:
+        out["usd_per_mtok_at_slo"] = [f"${v:,.2f}" if v == v else "" for v in out.usd_per_mtok_at_slo.astype(float)]
+    return out.rename(columns={**_MONEY, "usd_per_mtok_at_slo": "$/Mtok (output) at the SLO"})
+
+
 def _table_html(df: pd.DataFrame) -> str:
-    """The ranked options: each SLO check by name (value, target, met), the binding one, the
-    simulated rate and the requests behind the percentiles."""
+    """The ranked options: the configuration, each SLO check by name (value, target, met), the
+    binding one, the simulated rate and the requests behind the percentiles, the cost split."""
     checks = [c for c in df.columns if c.startswith("slo_") and c.endswith(("_value", "_target", "_met"))]
-    cols = [c for c in ("strategy", "gpu", "gpus", "replicas", "verdict", *checks, "binding_slo", "simulated_rate_rps",
-                        "judged_requests", "itl_samples", "serving_usd_per_month", "retraining_usd_per_month",
-                        "total_usd_per_month", "quality_in_distribution", "quality_tail", "passes_quality_floor",
-                        "feasible", "reason") if c in df]
-    return df[cols].to_html(index=False, float_format=lambda x: f"{x:,.3f}", na_rep="", border=0, classes="plan")
+    cols = [c for c in ("strategy", "gpu", "engine_profile", "tp", "max_num_batched_tokens", "max_num_seqs", "k",
+                        "replicas", "gpus", "nodes", "billed_gpus", "utilisation", "verdict", *checks, "binding_slo",
+                        "simulated_rate_rps", "judged_requests", "itl_samples", "cost_mode", "serving_usd_per_month",
+                        "power_usd_per_month", "retraining_usd_per_month", "total_usd_per_month", "usd_per_mtok_at_slo",
+                        "quality_in_distribution", "quality_tail", "passes_quality_floor", "feasible", "reason") if c in df]
+    return _money(df[cols]).to_html(index=False, float_format=lambda x: f"{x:,.3f}", na_rep="", border=0, classes="plan")
+
+
+def _configs_html(df: pd.DataFrame) -> str:
+    cols = [c for c in ("strategy", "gpu", "tp", "max_num_batched_tokens", "max_num_seqs", "k", "status",
+                        "capacity_per_replica_rps", "lower_bound_replicas", "lower_bound_usd_per_month", "replicas",
+                        "billed_gpus", "capacity_rps", "cost_mode", "total_usd_per_month", "usd_per_mtok_at_slo", "pareto",
+                        "reason") if c in df]
+    return _money(df[cols]).to_html(index=False, float_format=lambda x: f"{x:,.3f}", na_rep="", border=0, classes="plan")
 
 
 def _inputs_html(spec: Any) -> str:
@@ -105,9 +152,21 @@ def _inputs_html(spec: Any) -> str:
     return f'<dl id="inputs">{items}</dl>{warn}'
 
 
+PRUNING = ("Pruning, before any rack is simulated: a configuration of capacity C req/s per replica (measured by "
+           f"sim.capacity) needs at least ceil(rate / (C x {1 + CAP_SLACK:g})) replicas ({CAP_SLACK:.0%} slack for the "
+           "capacity's noise), more if "
+           "min_replicas, max_utilisation or n+1 ask; it is skipped if that exceeds max_gpus, or if that cheapest "
+           "possible rack already costs more than the best passing rack found so far (configurations are simulated "
+           "cheapest bound first). Pruned configurations are listed with their bound; the frontier is drawn over "
+           "the simulated passing ones.")
+
+
 def write_plan_report(spec: Any, tables: dict[str, pd.DataFrame], out: str | Path) -> Path:
     out = Path(out)
     figs = []
+    configs = tables.get("configs")
+    if configs is not None and len(configs) and (configs.get("status") == "passes").any():
+        figs.append(("pareto", pareto_chart(configs)))
     if "curves" in tables:
         figs.append(("curves", curves_chart(tables["curves"])))
     if "map" in tables:
@@ -122,7 +181,14 @@ def write_plan_report(spec: Any, tables: dict[str, pd.DataFrame], out: str | Pat
     best = plan[plan.feasible.astype(bool) & plan.get("passes_quality_floor", True).astype(bool)]
     verdict = (f"Cheapest option meeting the SLO and the tail-quality floor ({spec.quality_floor_tail:.2f}): "
                f"<b>{html.escape(str(best.iloc[0].strategy))}</b> on {int(best.iloc[0].gpus)}x {html.escape(str(best.iloc[0].gpu))}, "
-               f"${best.iloc[0].total_usd_per_month:,.0f} per month.") if len(best) else "No option meets the SLO and the quality floor."
+               f"TP{int(best.iloc[0].tp)}, max_num_batched_tokens {int(best.iloc[0].max_num_batched_tokens)}, "
+               f"max_num_seqs {int(best.iloc[0].max_num_seqs)}, ${best.iloc[0].total_usd_per_month:,.0f}/month "
+               f"({html.escape(str(best.iloc[0].cost_mode))}), ${best.iloc[0].usd_per_mtok_at_slo:,.2f} per million output tokens.") if len(best) else "No option meets the SLO and the quality floor."
+    dep = spec.base.deployment
+    configs_part = ""
+    if configs is not None and len(configs):
+        configs_part = (f"<h2>Configurations searched</h2><p>{html.escape(spec.search.describe())}. {PRUNING}</p>"
+                        + _configs_html(configs))
     doc = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>specrack plan: {html.escape(spec.name)}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;color:#222}}
@@ -130,11 +196,15 @@ table.plan{{border-collapse:collapse}} dl#inputs dt{{font-weight:bold;float:left
 dl#inputs dd{{margin-left:12em}} p.warn{{color:#b00;font-weight:bold}} table.plan td,table.plan th{{padding:4px 8px;border-bottom:1px solid #ddd;text-align:right}}</style>
 </head><body>
 <h1>specrack plan: {html.escape(spec.name)}</h1>
-<p>Traffic {spec.rate_rps:.2f} requests/s; SLO {html.escape(spec.base.slo.describe())};
-racks searched with the simulator up to {spec.max_gpus} GPUs; seeds {list(spec.seeds)}; {spec.base.workload.duration_s:.0f} s per run.</p>
+<p>Model {html.escape(dep.model)} ({html.escape(dep.weights)} weights, {html.escape(dep.kv_cache)} KV cache) on the
+{html.escape(dep.engine)} engine profile; base rack {spec.base.rack.num_gpus}x {html.escape(spec.base.rack.gpu)} at TP{dep.tensor_parallel};
+traffic {html.escape(spec.traffic.describe() if spec.traffic else f"{spec.rate_rps:.2f} req/s")}; SLO {html.escape(spec.base.slo.describe())};
+racks searched with the simulator up to {spec.max_gpus} GPUs; seeds {list(spec.seeds)}; {spec.base.workload.duration_s:.0f} s per run;
+costs in {html.escape(spec.cost.mode)} mode.</p>
 <h2>Inputs</h2>{_inputs_html(spec)}
 <p id="verdict">{verdict}</p>
 <h2>Ranked options</h2>{_table_html(plan)}
+{configs_part}
 {''.join(parts)}
 </body></html>"""
     path = out / "report.html"

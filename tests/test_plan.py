@@ -52,7 +52,8 @@ SHORT = {"workload.duration_s": 60.0, "workload.warmup_s": 10.0}
 
 
 def plan_text(*, rate: float = RATE, strategies: tuple[str, ...] = ("baseline", "draft-1b", "distilled-8b"),
-              ttft: float = 2.0, tpot: float = 0.2, max_gpus: int = 32, floor: float = 0.9, extra: str = "") -> str:
+              ttft: float = 2.0, tpot: float = 0.2, max_gpus: int = 32, floor: float = 0.9, extra: str = "",
+              search: str = "configurations = false") -> str:
     names = ", ".join(f'"{s}"' for s in strategies)
     return textwrap.dedent(f"""\
         name = "tiny"
@@ -73,6 +74,7 @@ def plan_text(*, rate: float = RATE, strategies: tuple[str, ...] = ("baseline", 
         duration_s = 60
         warmup_s = 10
         seeds = [1]
+        {search}
 
         [quality]
         floor_tail = {floor}
@@ -466,7 +468,7 @@ def test_plan_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[s
     out = tmp_path / "out"
     assert main(["plan", str(p), "--out", str(out), "--quick", "--jobs", "1"]) == 0
     cap = capsys.readouterr()
-    for f in ("plan.csv", "report.html", "curves.csv", "map.csv", "map_cells.csv", "shift.csv", "retraining.csv"):
+    for f in ("plan.csv", "configs.csv", "report.html", "curves.csv", "map.csv", "map_cells.csv", "shift.csv", "retraining.csv"):
         assert (out / f).is_file(), f
     plan = pd.read_csv(out / "plan.csv")
     assert list(plan.strategy) in (["baseline", "draft-1b"], ["draft-1b", "baseline"])
@@ -478,11 +480,12 @@ def test_plan_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[s
     ranked = [ln.split() for ln in lines[header + 1:header + 1 + len(plan)]]
     assert [r[1] for r in ranked] == list(plan.strategy)
     assert [r[0] for r in ranked] == ["1", "2"]
-    assert all(r[2] == GPU and r[3] == "4" for r in ranked)
+    assert all(r[2] == GPU and r[3] == "4" and r[8] == "4" for r in ranked)  # TP4, 4 GPUs
     assert "report.html" in lines[-1]
     assert "tiny" in cap.err and "Traceback" not in cap.err
     # each SLO target's value on the terminal, the binding check named; every check by name in the csv
-    assert lines[header].split()[4:8] == ["TTFT", "p99", "TPOT", "p99"] and "binding" in lines[header]
+    assert lines[header].split()[3:9] == ["TP", "MBT", "seqs", "k", "reps", "GPUs"]
+    assert lines[header].split()[9:13] == ["TTFT", "p99", "TPOT", "p99"] and "binding" in lines[header]
     assert all(ln.split()[-4] in ("ttft_p99_s", "tpot_p99_s") for ln in lines[header + 1:header + 1 + len(plan)])
     for key in ("ttft_p99_s", "tpot_p99_s"):
         assert {f"slo_{key}_value", f"slo_{key}_target", f"slo_{key}_met"} <= set(plan.columns)

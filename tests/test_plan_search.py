@@ -1,0 +1,188 @@
+"""The planner's configuration search and total cost of ownership (`experiments/plan.py`,
+`experiments/plan_cost.py`): the search finds a cheaper configuration when there is one, its
+analytical pruning never drops the configuration an exhaustive search picks, the rack rules
+(n+1, min_replicas, max_utilisation, whole nodes) are honoured, buy-mode costs match a hand
+calculation, and bad [search]/[cost] keys give one-line errors.
+
+Small plans only: Llama-3.1-70B at 6 req/s, 60 s runs after 10 s of warm-up, one seed."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from test_plan import GPU, plan_text
+
+from experiments.plan import (
+    PlanSpec,
+    SearchSpec,
+    _scenario,
+    builtin_strategies,
+    evaluate,
+    load_plan,
+    pareto,
+    plan_row,
+    run_search,
+)
+from experiments.plan_cost import CostSpec, monthly_cost
+from models.catalog import get_gpu
+from models.errors import ConfigError
+
+RATE = 6.0  # 70B: one TP4 H100 replica fails the SLO here, two pass; three TP2 H200 replicas pass
+
+
+def h200_text(search: str) -> str:
+    return (plan_text(rate=RATE, strategies=("baseline",), search=search)
+            .replace(f'gpus = ["{GPU}"]', 'gpus = ["h200"]').replace(f"{{ {GPU} = 2.5 }}", "{ h200 = 3.5 }"))
+
+
+@pytest.fixture(scope="module")
+def h200(tmp_path_factory: pytest.TempPathFactory) -> PlanSpec:
+    p = tmp_path_factory.mktemp("search") / "h200.toml"
+    p.write_text(h200_text("tp = [2, 4, 8]\nmax_num_batched_tokens = [2048]"))
+    return load_plan(p)
+
+
+@pytest.fixture(scope="module")
+def searched(h200: PlanSpec) -> tuple[pd.DataFrame, pd.DataFrame]:
+    return run_search(h200, jobs=1)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory: pytest.TempPathFactory) -> PlanSpec:
+    """One configuration (TP4, the base's), for the rack rules."""
+    p = tmp_path_factory.mktemp("rules") / "single.toml"
+    p.write_text(plan_text(rate=RATE, strategies=("baseline",)))
+    return load_plan(p)
+
+
+def test_the_search_finds_the_cheaper_tp(searched: tuple[pd.DataFrame, pd.DataFrame]) -> None:
+    answer, configs = searched
+    row = answer.iloc[0]
+    assert bool(row.feasible) and int(row.tp) == 2  # 3 x TP2 = 6 H200s beats 2 x TP4 = 8
+    tp4 = configs[configs.tp == 4].iloc[0]
+    assert tp4.status == "passes" and row.total_usd_per_month < tp4.total_usd_per_month
+    assert row.total_usd_per_month == pytest.approx(row.gpus * 3.5 * 720)
+    # the TP8 rack's cheapest possible cost (one replica, 8 GPUs) is above the TP2 answer: pruned
+    tp8 = configs[configs.tp == 8].iloc[0]
+    assert tp8.status == "pruned" and tp8.lower_bound_usd_per_month > row.total_usd_per_month
+    assert {"tp", "max_num_batched_tokens", "max_num_seqs", "k", "cost_mode", "serving_usd_per_month",
+            "power_usd_per_month", "retraining_usd_per_month", "total_usd_per_month", "usd_per_mtok_at_slo"} <= set(answer)
+    assert {"capacity_rps", "total_usd_per_month", "pareto", "status"} <= set(configs)
+
+
+def test_pruning_keeps_the_exhaustive_answer(h200: PlanSpec, searched: tuple[pd.DataFrame, pd.DataFrame]) -> None:
+    pruned, pc = searched
+    full, fc = run_search(h200, jobs=1, prune=False)
+    keys = ["tp", "max_num_batched_tokens", "max_num_seqs", "replicas", "total_usd_per_month"]
+    assert pruned[keys].iloc[0].tolist() == full[keys].iloc[0].tolist()
+    assert (pc.status == "pruned").sum() >= 1 and (fc.status == "pruned").sum() == 0
+    # every configuration the pruned search skipped costs at least the answer when simulated
+    for _, c in pc[pc.status == "pruned"].iterrows():
+        hit = fc[fc.tp == c.tp].iloc[0]
+        assert hit.status != "passes" or hit.total_usd_per_month >= pruned.total_usd_per_month.iloc[0]
+
+
+def test_pareto_frontier() -> None:
+    df = pd.DataFrame({"status": ["passes", "passes", "passes", "fails"], "total_usd_per_month": [10.0, 20.0, 20.0, 1.0],
+                       "capacity_rps": [5.0, 4.0, 9.0, 100.0]})
+    assert pareto(df).tolist() == [True, False, True, False]
+
+
+def _rules(spec: PlanSpec, **kw: object) -> PlanSpec:
+    return dataclasses.replace(spec, search=dataclasses.replace(spec.search, **kw))
+
+
+def test_n_plus_1_adds_one_replica_and_one_fewer_still_passes(single: PlanSpec) -> None:
+    s = builtin_strategies()["baseline"]
+    plain = plan_row(single, s, GPU, RATE)
+    row = plan_row(_rules(single, redundancy="n+1"), s, GPU, RATE)
+    assert plain["replicas"] == 2
+    assert row["replicas"] == plain["replicas"] + 1 and row["minimal_replicas"] == plain["replicas"]
+    down = _scenario(single.base, s, GPU, single.prices, row["replicas"] - 1, RATE, traffic=single.traffic)
+    assert evaluate(down, single.seeds)["meets_slo"]
+    assert row["total_usd_per_month"] == pytest.approx(3 * 4 * 2.5 * 720)
+
+
+def test_min_replicas_and_max_utilisation_are_honoured(single: PlanSpec) -> None:
+    s = builtin_strategies()["baseline"]
+    assert plan_row(_rules(single, min_replicas=3), s, GPU, RATE)["replicas"] == 3
+    row = plan_row(_rules(single, max_utilisation=0.3), s, GPU, RATE)
+    cap = row["capacity_per_replica_rps"]
+    assert row["replicas"] == math.ceil(RATE / (0.3 * cap))
+    assert RATE / row["capacity_rps"] <= 0.3 and RATE / ((row["replicas"] - 1) * cap) > 0.3
+
+
+def test_gpus_per_node_rounds_up_and_refuses_straddling(single: PlanSpec) -> None:
+    s = builtin_strategies()["baseline"]
+    row = plan_row(_rules(single, gpus_per_node=6), s, GPU, RATE)  # one TP4 replica per 6-GPU node
+    assert row["replicas"] == 2 and row["nodes"] == 2 and row["billed_gpus"] == 12
+    assert row["serving_usd_per_month"] == pytest.approx(12 * 2.5 * 720)
+    bad = plan_row(_rules(single, gpus_per_node=2), s, GPU, RATE)
+    assert not bad["feasible"] and "straddles" in bad["reason"]
+
+
+def test_buy_mode_cost_by_hand(tmp_path: Path) -> None:
+    cost = '[cost]\nmode = "buy"\ncapex_usd_per_gpu = 30000\ncapex_usd_per_node = 48000\nhosting_usd_per_node_month = 1500\n'
+    p = tmp_path / "buy.toml"
+    p.write_text(plan_text(rate=RATE, strategies=("baseline",), search="configurations = false\ngpus_per_node = 8") + cost)
+    spec = load_plan(p)
+    assert spec.cost.mode == "buy" and spec.cost.amortisation_years == 4.0 and spec.cost.pue == 1.3
+    row = plan_row(spec, builtin_strategies()["baseline"], GPU, RATE)
+    assert row["replicas"] == 2 and row["nodes"] == 1 and row["billed_gpus"] == 8 and row["cost_mode"] == "buy"
+    months = 12 * 4.0
+    assert row["serving_usd_per_month"] == pytest.approx(8 * 30000 / months + 48000 / months + 1500)
+    busy = min(row["gpu_busy_fraction"], 1.0)  # steps straddling the window edge can push it a hair over 1
+    kwh = 700 * 8 * (0.3 + 0.7 * busy) * 1.3 * 720 / 1000
+    assert row["power_usd_per_month"] == pytest.approx(kwh * 0.10)
+    assert row["total_usd_per_month"] == pytest.approx(row["serving_usd_per_month"] + row["power_usd_per_month"])
+    mtok = row["throughput_tok_s"] * 720 * 3600 / 1e6
+    assert row["usd_per_mtok_at_slo"] == pytest.approx(row["total_usd_per_month"] / mtok)
+
+
+def test_idle_node_gpus_draw_idle_power() -> None:
+    c = CostSpec("buy", {"h100-sxm": 1.0}, idle_power_fraction=0.25)
+    out = monthly_cost(c, "h100-sxm", 0.0, 1, 4, 8, 1.0)  # 4 busy GPUs + 4 idle in one node
+    tdp = get_gpu("h100-sxm").tdp_w
+    assert out["power_usd_per_month"] == pytest.approx(tdp * (4 * 1.0 + 4 * 0.25) * 1.3 * 720 / 1000 * 0.10)
+
+
+HOSTILE = {
+    "search-typo": ("tpp = [2]", "did you mean 'tp'"),
+    "redundancy": ('redundancy = "n+2"', "search.redundancy"),
+    "utilisation": ("max_utilisation = 1.5", "search.max_utilisation"),
+    "min-replicas": ("min_replicas = 0", "search.min_replicas"),
+    "grid-not-list": ("max_num_batched_tokens = 2048", "search.max_num_batched_tokens"),
+    "node": ("gpus_per_node = 2.5", "search.gpus_per_node"),
+    "cost-mode": ('configurations = false\n[cost]\nmode = "lease"', "cost.mode"),
+    "cost-typo": ('configurations = false\n[cost]\nmode = "buy"\ncapx_usd_per_gpu = 1', "did you mean 'capex_usd_per_gpu'"),
+    "buy-key-in-rent": ("configurations = false\n[cost]\npue = 1.2", "only used with cost.mode = 'buy'"),
+    "buy-no-capex": ('configurations = false\n[cost]\nmode = "buy"', "cost.capex_usd_per_gpu: missing"),
+    "node-cost-no-node": ('configurations = false\n[cost]\nmode = "buy"\ncapex_usd_per_gpu = 1\nhosting_usd_per_node_month = 5',
+                          "search.gpus_per_node"),
+    "pue": ('configurations = false\n[cost]\nmode = "buy"\ncapex_usd_per_gpu = 1\npue = 0.5', "cost.pue"),
+    "grid-without-search": ("configurations = false\ntp = [4]", "search.tp"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_search_and_cost_keys(tmp_path: Path, case: str) -> None:
+    text, expect = HOSTILE[case]
+    p = tmp_path / "bad.toml"
+    p.write_text(plan_text(rate=RATE, strategies=("baseline",), search=text))
+    with pytest.raises(ConfigError) as err:
+        load_plan(p)
+    msg = str(err.value)
+    assert expect in msg and "\n" not in msg, msg
+
+
+def test_search_inputs_are_shown(single: PlanSpec, h200: PlanSpec) -> None:
+    got = h200.inputs()
+    assert "TP [2, 4, 8]" in got["configuration search"] and "pruned by capacity" in got["configuration search"]
+    assert got["rack rules"].startswith("min_replicas 1, redundancy none")
+    assert got["cost"].startswith("rent")
+    assert single.inputs()["configuration search"].startswith("off")
+    assert isinstance(SearchSpec().describe(), str)
