@@ -816,10 +816,9 @@ def search_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, prune: bool =
     extra = 1 if rules.redundancy == "n+1" else 0
     configs: list[dict[str, Any]] = []
     cands: list[tuple[float, int, int, Strategy, float | None, dict[str, Any]]] = []
-    cfgs = grid(spec, s, gpu, rate)
-    # one configuration and no utilisation target: nothing to prune, so no capacity to measure
-    measure = len(cfgs) > 1 or rules.max_utilisation is not None
-    for cfg in cfgs:
+    # capacities are cached per process; the plan's own configurations were measured when it was
+    # loaded (_check_reachable), and forked workers inherit them
+    for cfg in grid(spec, s, gpu, rate):
         sc_s = configured(s, spec.base, cfg)
         base_row: dict[str, Any] = {"strategy": s.name, "gpu": gpu, **cfg}
         try:
@@ -832,9 +831,6 @@ def search_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, prune: bool =
         if rules.gpus_per_node is not None and per > rules.gpus_per_node:
             configs.append({**base_row, "status": "not applicable",
                             "reason": f"a replica of {per} GPUs straddles nodes of {rules.gpus_per_node}"})
-            continue
-        if not measure:
-            cands.append((0.0, per, 0, sc_s, None, {**base_row, "gpus_per_replica": per}))
             continue
         cap = capacity(one, speculative=True).rps
         _, bound = replica_bounds(spec, cap, rate)
@@ -889,7 +885,7 @@ def pareto(configs: pd.DataFrame) -> pd.Series:
     costs no more and carries at least as much, one of them strictly."""
     ok = configs.get("status", pd.Series(dtype=str)) == "passes"
     out = pd.Series(False, index=configs.index)
-    if not ok.any():
+    if not ok.any() or "capacity_rps" not in configs:
         return out
     c = configs[ok]
     cost, cap = c.total_usd_per_month.to_numpy(float), c.capacity_rps.to_numpy(float)
@@ -1054,6 +1050,7 @@ def retraining_table(spec: PlanSpec, answer: pd.DataFrame) -> pd.DataFrame:
         s = configured(next(x for x in spec.strategies if x.name == r.strategy), spec.base, row_config(r))
         sc = _scenario(spec.base, s, r.gpu, spec.prices, int(r.replicas), spec.rate_rps, traffic=spec.traffic)
         rt = build_runtime(sc)
+        power = float(r.get("power_usd_per_month", 0.0) or 0.0)
         for cad, per_month in CADENCES.items():
             if rt.retraining is not None:
                 rtn = dataclasses.replace(rt.retraining, teacher_updates_per_month=per_month)
@@ -1063,8 +1060,9 @@ def retraining_table(spec: PlanSpec, answer: pd.DataFrame) -> pd.DataFrame:
                 retrain, q_tail = 0.0, rt.quality[1]
             rows.append({"strategy": r.strategy, "gpu": r.gpu, "cadence": cad, "teacher_updates_per_month": per_month,
                          "training_gpu": rt.retraining.training_gpu if rt.retraining else "",
-                         "serving_usd_per_month": r.serving_usd_per_month, "retraining_usd_per_month": retrain,
-                         "total_usd_per_month": r.serving_usd_per_month + retrain, "quality_tail": q_tail})
+                         "cost_mode": r.get("cost_mode", "rent"), "serving_usd_per_month": r.serving_usd_per_month,
+                         "power_usd_per_month": power, "retraining_usd_per_month": retrain,
+                         "total_usd_per_month": r.serving_usd_per_month + power + retrain, "quality_tail": q_tail})
     return pd.DataFrame(rows)
 
 

@@ -186,3 +186,21 @@ def test_search_inputs_are_shown(single: PlanSpec, h200: PlanSpec) -> None:
     assert got["cost"].startswith("rent")
     assert single.inputs()["configuration search"].startswith("off")
     assert isinstance(SearchSpec().describe(), str)
+
+
+def test_the_grid_applies_k_and_skips_what_does_not_fit(h200: PlanSpec) -> None:
+    """No simulation: the grid's k reaches the speculative table, TP1 70B does not fit an H100."""
+    from experiments.plan import _one, configured, grid, search_row
+
+    spec = dataclasses.replace(h200, search=dataclasses.replace(h200.search, tp=(4,), k=(2, 3)))
+    s = builtin_strategies()["draft-1b"]
+    cfgs = grid(spec, s, "h200", RATE)
+    assert sorted(c["k"] for c in cfgs) == [2, 3] and all(c["tp"] == 4 for c in cfgs)
+    sc = _one(spec, configured(s, spec.base, {"k": 3, "max_num_batched_tokens": 4096}), "h200", RATE)
+    assert sc.speculative is not None and sc.speculative.num_speculative_tokens == 3
+    assert sc.deployment.max_num_batched_tokens == 4096 and sc.speculative.draft_model == "llama-3.2-1b"
+    assert all(c["k"] is None for c in grid(spec, builtin_strategies()["baseline"], "h200", RATE))  # no speculation, no k
+    tiny = dataclasses.replace(h200, gpus=(GPU,), search=dataclasses.replace(h200.search, tp=(1,)))
+    out = search_row(tiny, builtin_strategies()["baseline"], GPU, RATE)
+    assert [c["status"] for c in out["configs"]] == ["not applicable"]
+    assert not out["row"]["feasible"] and out["row"]["reason"].startswith("not applicable")
