@@ -791,11 +791,11 @@ def grid(spec: PlanSpec, s: Strategy, gpu: str, rate: float) -> list[dict[str, i
         return [{}]
     try:
         own = config_of(_one(spec, s, gpu, rate))
-    except ConfigError:
-        sc = spec.base.with_overrides(s.overrides) if "rack.gpu" not in s.overrides else spec.base
-        own = {"tp": sc.deployment.tensor_parallel, "max_num_batched_tokens": sc.deployment.scheduling().max_num_batched_tokens,
-               "max_num_seqs": sc.deployment.scheduling().max_num_seqs,
-               "k": sc.speculative.num_speculative_tokens if sc.speculative else None}
+    except ConfigError:  # not on this GPU as configured (too little memory at its TP, say): on the base's GPU
+        try:
+            own = config_of(_one(spec, s, spec.base.rack.gpu, rate))
+        except ConfigError:
+            return [{}]  # the strategy as given, reported not applicable
     tps = g.tp or TP_DEGREES
     mbts = g.max_num_batched_tokens or tuple(sorted({*DEFAULT_MBT, int(own["max_num_batched_tokens"] or 0)}))
     mnss: tuple[int | None, ...] = g.max_num_seqs or (None,)  # None: the strategy's own (as configured)

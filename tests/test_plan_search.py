@@ -204,3 +204,12 @@ def test_the_grid_applies_k_and_skips_what_does_not_fit(h200: PlanSpec) -> None:
     out = search_row(tiny, builtin_strategies()["baseline"], GPU, RATE)
     assert [c["status"] for c in out["configs"]] == ["not applicable"]
     assert not out["row"]["feasible"] and out["row"]["reason"].startswith("not applicable")
+
+
+def test_a_strategy_no_configuration_can_run_is_not_applicable(h200: PlanSpec) -> None:
+    from experiments.plan import search_row
+
+    spec = dataclasses.replace(h200, search=dataclasses.replace(h200.search, tp=(4, 8)))
+    out = search_row(spec, builtin_strategies()["fp8"], "a100-80gb", RATE)  # no FP8 tensor cores at any TP
+    assert [c["status"] for c in out["configs"]] == ["not applicable"] * 2
+    assert not out["row"]["feasible"] and "FP8" in out["row"]["reason"] and out["row"]["evaluations"] == 0
