@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--engine", default=None, help="engine profile to fit (default: the scenario's, else vllm-v1)")
     ca.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override a deployment setting, e.g. deployment.max_num_seqs=256")
-    ca.add_argument("--fit", default="step_overhead_s,seq_overhead_s",
+    ca.add_argument("--fit", default="step_overhead_s,seq_overhead_s,frontend_s",
                     help="software factors to fit, comma-separated (step_overhead_s, layer_overhead_s, seq_overhead_s, "
                          "frontend_s, draft_pass_overhead_s; docs/CALIBRATION.md)")
     ca.add_argument("--seeds", default=None, help="simulation seeds averaged per load point, e.g. 1,2 (default 1,2; --quick 1)")
