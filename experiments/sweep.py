@@ -33,7 +33,7 @@ import pandas as pd
 from models.errors import ConfigError
 from sim.capacity import Capacity, baseline_of, capacity_key, remember
 from sim.scenario import Scenario, load_scenario, read_toml
-from sim.simulate import capacity, simulate
+from sim.simulate import capacity, flatten, simulate
 
 KEY_PARAMS = {
     "model": ("deployment", "model"), "weights": ("deployment", "weights"), "kv_cache": ("deployment", "kv_cache"),
@@ -214,24 +214,6 @@ def load_sweep(path: str | Path | None = None, quick: bool = False) -> SweepSpec
         except ConfigError as err:
             raise ConfigError(f"{p.name}: variant '{v.name}': {err}") from None
     return SweepSpec(d.get("name", p.stem), base, utils_t, seeds_t, tuple(variants), ref, clients_t)
-
-
-def flatten(summary: dict[str, Any]) -> dict[str, Any]:
-    """Summary dict to one flat row: nested latencies become `ttft_s_p99` etc."""
-    row: dict[str, Any] = {}
-    for k, v in summary.items():
-        if k in ("scenario", "versions"):
-            continue
-        if isinstance(v, dict):
-            for kk, vv in v.items():
-                if isinstance(vv, dict):  # SLO checks: slo_ttft_p99_s_value, ..._target, ..._met
-                    for kkk, vvv in vv.items():
-                        row[f"{k}_{kk}_{kkk}"] = vvv
-                else:
-                    row[f"{k}_{kk}"] = vv
-        else:
-            row[k] = v
-    return row
 
 
 def run_point(task: dict[str, Any]) -> dict[str, Any]:
