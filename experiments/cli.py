@@ -196,6 +196,19 @@ def _calibrate(a: argparse.Namespace) -> int:
     return main_calibrate(a)
 
 
+def _list(a: argparse.Namespace) -> int:
+    from experiments.listing import rows, text_table
+
+    print(json.dumps(rows(a.catalogue), indent=2) if a.json else text_table(a.catalogue))
+    return 0
+
+
+def _compare(a: argparse.Namespace) -> int:
+    from experiments.compare import main_compare
+
+    return main_compare(a)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specrack", description="Discrete-event simulator of LLM serving: speculative decoding vs distillation vs quantization")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -294,6 +307,18 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--out", default="results/calibrate")
     ca.add_argument("--quick", action="store_true", help="one seed and fewer fit iterations")
     ca.set_defaults(fn=_calibrate)
+
+    li = sub.add_parser("list", help="the catalogues: GPUs, models, the sweep's built-in strategies, engine profiles")
+    li.add_argument("catalogue", choices=["gpus", "models", "strategies", "profiles"])
+    li.add_argument("--json", action="store_true", help="records as JSON instead of a table")
+    li.set_defaults(fn=_list)
+
+    co = sub.add_parser("compare", help="two or more sweep or plan output folders side by side (compare.csv, compare.html)")
+    co.add_argument("runs", nargs="+", metavar="RUN", help="sweep output folders (results.parquet) or plan output folders (plan.csv)")
+    co.add_argument("--out", default="results/compare")
+    co.add_argument("--png", action="store_true", help="also export the figures as PNG (needs the 'images' extra: Kaleido)")
+    co.add_argument("--svg", action="store_true", help="also export the figures as SVG (needs the 'images' extra: Kaleido)")
+    co.set_defaults(fn=_compare)
     return p
 
 
