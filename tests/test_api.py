@@ -138,3 +138,42 @@ def test_list_unknown_catalogue_is_a_usage_error(capsys: pytest.CaptureFixture[s
         main(["list", "gpu"])
     assert e.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+BASE_TOML = """name = "tiny"
+[rack]
+gpu = "h100-sxm"
+num_gpus = 1
+[deployment]
+model = "llama-3.1-8b"
+tensor_parallel = 1
+[workload]
+utilisation = 0.5
+duration_s = 20.0
+warmup_s = 4.0
+"""
+
+
+def test_sweep_wrapper_runs_a_sweep_file_and_writes_its_tables(tmp_path: Path) -> None:
+    (tmp_path / "base.toml").write_text(BASE_TOML)
+    (tmp_path / "sweep.toml").write_text('name = "tiny"\nbase = "base.toml"\nutilisation = [0.3, 0.6]\nseeds = [1]\n'
+                                         'reference = "baseline"\n[[variants]]\nname = "baseline"\n[[variants]]\n'
+                                         'name = "fp8"\nset = { "deployment.weights" = "fp8" }\n')
+    df = specrack.sweep(tmp_path / "sweep.toml", tmp_path / "out", jobs=1)
+    assert len(df) == 4 and set(df.variant) == {"baseline", "fp8"} and (df.error == "").all()
+    assert {"tpot_s_mean", "ttft_s_p99", "throughput_tok_s", "capacity_rps", "engine_profile"} <= set(df.columns)
+    assert len(pd.read_parquet(tmp_path / "out" / "results.parquet")) == 4
+    assert len(list((tmp_path / "out" / "points").glob("*.json"))) == 4  # a rerun resumes from them
+    with pytest.raises(specrack.ConfigError):
+        specrack.sweep(tmp_path / "base.toml")
+
+
+def test_plan_wrapper_returns_the_ranked_table(tmp_path: Path) -> None:
+    (tmp_path / "base.toml").write_text(BASE_TOML)
+    (tmp_path / "plan.toml").write_text('name = "tiny-plan"\nbase = "base.toml"\nstrategies = ["baseline", "fp8"]\n'
+                                        '[traffic]\nrate_rps = 4.0\n[search]\ngpus = ["h100-sxm"]\nmax_gpus = 2\n'
+                                        'duration_s = 40\nwarmup_s = 5\nseeds = [1]\n')
+    df = specrack.plan(tmp_path / "plan.toml", jobs=1)
+    assert set(df.strategy) == {"baseline", "fp8"}
+    assert df.feasible.all() and (df.gpus == 1).all() and df.binding_slo.notna().all()
+    assert df.total_usd_per_month.is_monotonic_increasing
