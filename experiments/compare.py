@@ -275,39 +275,15 @@ table.compare{{border-collapse:collapse;font-size:90%}} table.compare td,table.c
     return path
 
 
-IMAGES_HINT = "pip install -e '.[images]'"
-
-
-def check_images() -> None:
-    """Static images need Kaleido: a one-line error naming the extra when it is missing."""
-    try:
-        import kaleido  # noqa: F401
-    except ImportError:
-        raise ConfigError(f"--png/--svg need Kaleido to export static images: {IMAGES_HINT}") from None
-
-
-def write_images(figs: list[tuple[str, Any]], out: Path, fmt: str, stem: str = "compare") -> list[Path]:
-    check_images()
-    paths = []
-    for name, fig in figs:
-        p = out / f"{stem}-{name}.{fmt}"
-        try:
-            fig.write_image(str(p), format=fmt)
-        except Exception as err:  # Kaleido present but unable to run (no browser for Kaleido 1.x, ...)
-            text = (str(err).splitlines() or [""])[0]
-            raise ConfigError(f"--{fmt}: Kaleido failed to export {p.name} ({type(err).__name__}: {text[:160]}); "
-                              f"check the Kaleido install ({IMAGES_HINT})") from None
-        paths.append(p)
-    return paths
-
-
 def terminal_text(table: pd.DataFrame) -> str:
     with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_rows", 500):
         return table.to_string(index=False, float_format=lambda x: f"{x:.4g}", na_rep="-")
 
 
 def main_compare(a: Any) -> int:
-    formats = [f for f in ("png", "svg") if getattr(a, f, False)]
+    from experiments.images import check_images, image_formats, write_images
+
+    formats = image_formats(a)
     if formats:
         check_images()  # before any work
     out = Path(a.out)
@@ -321,6 +297,6 @@ def main_compare(a: Any) -> int:
     page = write_html(runs, table, figs, out)
     print(terminal_text(table))
     print(differs_line(runs))
-    images = [p for fmt in formats for p in write_images(figs, out, fmt)]
+    images = write_images(figs, out, formats, "compare")
     print(f"wrote {out / 'compare.csv'}, {page}" + "".join(f", {p}" for p in images))
     return 0

@@ -462,7 +462,12 @@ def write_tables(df: pd.DataFrame, out: Path) -> None:
 
 def main_sweep(a: Any) -> int:
     from experiments.analysis import crossovers, speedups
-    from experiments.report import write_report
+    from experiments.images import check_images, image_formats, write_images
+    from experiments.report import report_figures, write_report
+
+    formats = image_formats(a)
+    if formats:
+        check_images()  # before any run
 
     if a.jobs is not None and a.jobs < 1:
         raise ConfigError(f"--jobs must be a positive number of parallel processes, got {a.jobs}")
@@ -497,7 +502,9 @@ def main_sweep(a: Any) -> int:
     sp = speedups(ok, spec.reference, x=spec.axis)
     sp.to_csv(out / "speedups.csv", index=False)
     report = write_report(ok, sp, out, spec=spec, capacities=caps)
-    print(f"wrote {out / 'results.parquet'}, {out / 'results.csv'}, {out / 'speedups.csv'}, {report}")
+    images = write_images(report_figures(ok, sp, spec=spec, capacities=caps), out, formats, "report")
+    print(f"wrote {out / 'results.parquet'}, {out / 'results.csv'}, {out / 'speedups.csv'}, {report}"
+          + "".join(f", {p}" for p in images))
     spec_variants = set(ok[ok.speculative_method != "none"].variant) if "speculative_method" in ok else set()
     for v, u in crossovers(sp).items():
         if v in spec_variants:

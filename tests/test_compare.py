@@ -183,3 +183,29 @@ def test_png_and_svg_with_kaleido(sweeps: tuple[Path, Path], tmp_path: Path) -> 
     if code == 2:  # Kaleido installed but unable to run here (e.g. no browser for Kaleido 1.x)
         pytest.skip("Kaleido cannot export in this environment")
     assert (out / "compare-sweep.png").stat().st_size > 0 and (out / "compare-sweep.svg").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv", [["sweep", "--quick"], ["plan", "experiments/plans/chat-70b.toml", "--quick"]])
+def test_sweep_and_plan_images_without_kaleido_refuse_before_running(
+        argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "kaleido", None)
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    line = _err(capsys, [*argv, "--svg", "--out", str(tmp_path / "o")])
+    assert "pip install -e '.[images]'" in line and not (tmp_path / "o").exists()
+
+
+def test_sweep_png_with_kaleido(tmp_path: Path) -> None:
+    pytest.importorskip("kaleido")
+    (tmp_path / "base.toml").write_text(
+        '[rack]\ngpu = "h100-sxm"\nnum_gpus = 1\n[deployment]\nmodel = "llama-3.1-8b"\ntensor_parallel = 1\n'
+        '[workload]\nutilisation = 0.5\nduration_s = 20.0\nwarmup_s = 4.0\n')
+    (tmp_path / "sweep.toml").write_text('base = "base.toml"\nutilisation = [0.3, 0.6]\nseeds = [1]\n'
+                                         '[[variants]]\nname = "baseline"\n[[variants]]\nname = "fp8"\n'
+                                         'set = { "deployment.weights" = "fp8" }\n')
+    out = tmp_path / "o"
+    code = main(["sweep", str(tmp_path / "sweep.toml"), "--jobs", "1", "--png", "--out", str(out)])
+    if code == 2:  # pragma: no cover - Kaleido installed but unable to run here
+        pytest.skip("Kaleido cannot export in this environment")
+    assert code == 0 and (out / "report-headline.png").stat().st_size > 0 and (out / "report-latency.png").is_file()
