@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import concurrent.futures as cf
+
     import pandas as pd
 
     from experiments.calibrate_report import calibrate as calibrate
@@ -97,7 +99,7 @@ def __dir__() -> list[str]:
 
 
 def sweep(spec: str | Path | SweepSpec | None = None, out: str | Path | None = None, *, quick: bool = False,
-          jobs: int | None = None, executor: str = "process", progress: bool = False) -> pd.DataFrame:
+          jobs: int | None = None, executor: str | cf.Executor = "process", progress: bool = False) -> pd.DataFrame:
     """Run a sweep and return its results table: one row per variant x load point x seed, with
     the flat summary columns (`tpot_s_mean`, `ttft_s_p99`, `throughput_tok_s`, `slo_*`, ...), the
     deployment's key parameters, each variant's capacity and `error` ("" for a point that ran).
@@ -105,8 +107,10 @@ def sweep(spec: str | Path | SweepSpec | None = None, out: str | Path | None = N
     `spec`: a sweep TOML path, a loaded `SweepSpec`, or None for the built-in default sweep;
     `quick` applies the file's [quick] section. With `out`, finished points are kept in
     `out/points` (a rerun resumes) and results.parquet / results.csv are written there; without,
-    the points go to a temporary folder. `executor`: "process" (default), "serial", "dask-local"
-    or "dask" is left to the CLI. Wraps experiments.sweep.load_sweep and run_sweep."""
+    the points go to a temporary folder. `jobs`: parallel processes (default: all cores);
+    `executor`: "process" (a local process pool, the default), "serial", or any
+    concurrent.futures.Executor (a Dask client's `get_executor()`, say). `progress`: a progress
+    bar on stderr. Wraps experiments.sweep.load_sweep and run_sweep."""
     import tempfile
 
     from experiments.sweep import SweepSpec, load_sweep, run_sweep, write_tables
