@@ -209,3 +209,20 @@ def test_sweep_png_with_kaleido(tmp_path: Path) -> None:
     if code == 2:  # pragma: no cover - Kaleido installed but unable to run here
         pytest.skip("Kaleido cannot export in this environment")
     assert code == 0 and (out / "report-headline.png").stat().st_size > 0 and (out / "report-latency.png").is_file()
+
+
+def test_summary_scenario_differences_are_named(sweeps: tuple[Path, Path], tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder that also holds a summary.json (as `specrack run` writes it) adds its scenario's
+    fields to the inputs compared."""
+    import json
+    import shutil
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for dst, over in ((a, {}), (b, {"workload.duration_s": 25.0})):
+        shutil.copytree(sweeps[0], dst)
+        sc = scenario_from_dict(TINY).with_overrides(over)
+        (dst / "summary.json").write_text(json.dumps({"scenario": sc.model_dump(mode="json")}))
+    assert main(["compare", str(a), str(b), "--out", str(tmp_path / "o")]) == 0
+    differs = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("inputs differ:"))
+    assert "workload.duration_s: a=20.0; b=25.0" in differs and "engine_profile" not in differs
