@@ -179,9 +179,23 @@ def _sweep(a: argparse.Namespace) -> int:
 
 
 def _plan(a: argparse.Namespace) -> int:
+    from experiments.images import check_images, image_formats, plan_images
     from experiments.plan import main_plan
 
-    return main_plan(a)
+    formats = image_formats(a)
+    if formats:
+        check_images()  # before any run
+    code = main_plan(a)
+    images = plan_images(Path(a.out), formats) if code == 0 else []
+    if formats:
+        print("wrote " + ", ".join(map(str, images)) if images else "no figures to export (--no-analyses)")
+    return code
+
+
+def _image_flags(p: argparse.ArgumentParser) -> None:
+    for fmt in ("png", "svg"):
+        p.add_argument(f"--{fmt}", action="store_true",
+                       help=f"also export the figures as {fmt.upper()} (needs Kaleido: pip install -e '.[images]')")
 
 
 def _acceptance(a: argparse.Namespace) -> int:
@@ -194,6 +208,19 @@ def _calibrate(a: argparse.Namespace) -> int:
     from experiments.calibrate_report import main_calibrate
 
     return main_calibrate(a)
+
+
+def _list(a: argparse.Namespace) -> int:
+    from experiments.listing import rows, text_table
+
+    print(json.dumps(rows(a.catalogue), indent=2) if a.json else text_table(a.catalogue))
+    return 0
+
+
+def _compare(a: argparse.Namespace) -> int:
+    from experiments.compare import main_compare
+
+    return main_compare(a)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -241,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="process: local process pool (default); dask-local: a Dask LocalCluster; dask: --scheduler")
     w.add_argument("--scheduler", default=None, help="Dask scheduler address for --executor dask, e.g. tcp://10.0.0.5:8786")
     w.add_argument("--scheduler-timeout", type=float, default=10.0, help="seconds to wait for the Dask scheduler")
+    _image_flags(w)
     w.set_defaults(fn=_sweep)
 
     pl = sub.add_parser("plan", help="capacity plan: smallest rack per strategy meeting the SLO, with cost and quality")
@@ -249,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--quick", action="store_true", help="shorter runs and coarser analyses")
     pl.add_argument("--jobs", type=int, default=None)
     pl.add_argument("--no-analyses", action="store_true", help="only the ranked plan (no curves, map, shift)")
+    _image_flags(pl)
     pl.set_defaults(fn=_plan)
 
     ac = sub.add_parser("acceptance", help="fit acceptance (mean, spread, decay) to vLLM metrics, bench JSON, logs or CSV",
@@ -294,6 +323,17 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--out", default="results/calibrate")
     ca.add_argument("--quick", action="store_true", help="one seed and fewer fit iterations")
     ca.set_defaults(fn=_calibrate)
+
+    li = sub.add_parser("list", help="the catalogues: GPUs, models, the sweep's built-in strategies, engine profiles")
+    li.add_argument("catalogue", choices=["gpus", "models", "strategies", "profiles"])
+    li.add_argument("--json", action="store_true", help="records as JSON instead of a table")
+    li.set_defaults(fn=_list)
+
+    co = sub.add_parser("compare", help="two or more sweep or plan output folders side by side (compare.csv, compare.html)")
+    co.add_argument("runs", nargs="+", metavar="RUN", help="sweep output folders (results.parquet) or plan output folders (plan.csv)")
+    co.add_argument("--out", default="results/compare")
+    _image_flags(co)
+    co.set_defaults(fn=_compare)
     return p
 
 

@@ -105,8 +105,9 @@ def _inputs_html(spec: Any) -> str:
     return f'<dl id="inputs">{items}</dl>{warn}'
 
 
-def write_plan_report(spec: Any, tables: dict[str, pd.DataFrame], out: str | Path) -> Path:
-    out = Path(out)
+def plan_figures(tables: dict[str, pd.DataFrame]) -> list[tuple[str, go.Figure]]:
+    """The plan report's figures by section name, from the analyses' tables that are present
+    (also exported by `plan --png/--svg`)."""
     figs = []
     if "curves" in tables:
         figs.append(("curves", curves_chart(tables["curves"])))
@@ -116,6 +117,12 @@ def write_plan_report(spec: Any, tables: dict[str, pd.DataFrame], out: str | Pat
         figs.append(("shift", shift_chart(tables["shift"])))
     if "retraining" in tables and len(tables["retraining"]):
         figs.append(("retraining", retraining_chart(tables["retraining"])))
+    return figs
+
+
+def write_plan_report(spec: Any, tables: dict[str, pd.DataFrame], out: str | Path) -> Path:
+    out = Path(out)
+    figs = plan_figures(tables)
     parts = [f'<section id="{n}">' + pio.to_html(f, include_plotlyjs=(i == 0), full_html=False, div_id=f"chart-{n}")
              + "</section>" for i, (n, f) in enumerate(figs)]
     plan = tables["plan"]

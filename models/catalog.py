@@ -32,6 +32,7 @@ class GPU:
     interconnect_bytes_s: float  # per GPU, one direction of the all-reduce fabric
     usd_per_gpu_hour: float  # documented default; always a user input in scenarios
     source: str
+    tdp_w: float | None = None  # board power (TDP), watts, from the datasheet
 
     @property
     def hbm_bytes(self) -> float:
@@ -44,17 +45,17 @@ GPUS: dict[str, GPU] = {
     g.name: g
     for g in (
         GPU("a100-80gb", "ampere", 80, 2.039e12, 312e12, None, 624e12, 600e9, 1.99,
-            f"{_HW}; price: mid of 1.49-2.49 on-demand (pricegpu.pages.dev, early 2026)"),
+            f"{_HW}; price: mid of 1.49-2.49 on-demand (pricegpu.pages.dev, early 2026)", tdp_w=400),
         GPU("h100-sxm", "hopper", 80, 3.35e12, 989.4e12, 1978.9e12, 1978.9e12, 900e9, 2.69,
-            f"{_HW}; price: RunPod 2.69 (deploybase.ai, 2026)"),
+            f"{_HW}; price: RunPod 2.69 (deploybase.ai, 2026)", tdp_w=700),
         GPU("h200", "hopper", 141, 4.8e12, 989.4e12, 1978.9e12, 1978.9e12, 900e9, 3.59,
-            f"{_HW}; INT8 inferred equal to H100 (same die); price: RunPod 3.59 (deploybase.ai)"),
+            f"{_HW}; INT8 inferred equal to H100 (same die); price: RunPod 3.59 (deploybase.ai)", tdp_w=700),
         GPU("b200", "blackwell", 180, 8.0e12, 2250e12, 4500e12, 4500e12, 1800e9, 5.98,
-            f"{_HW}; HGX B200 at 1000 W; price: RunPod 5.98 (deploybase.ai)"),
+            f"{_HW}; HGX B200 at 1000 W; price: RunPod 5.98 (deploybase.ai)", tdp_w=1000),
         GPU("l40s", "ada", 48, 0.864e12, 362.05e12, 733e12, 733e12, 32e9, 1.10,
-            f"{_HW}; PCIe Gen4 x16, 64 GB/s bidirectional = 32 GB/s each way; price: 0.95-1.20 (yobitel.com, 2026)"),
+            f"{_HW}; PCIe Gen4 x16, 64 GB/s bidirectional = 32 GB/s each way; price: 0.95-1.20 (yobitel.com, 2026)", tdp_w=350),
         GPU("mi300x", "cdna3", 192, 5.3e12, 1307.4e12, 2614.9e12, 2614.9e12, 896e9, 1.85,
-            f"{_HW}; AMD ROCm docs dense peaks; price: Vultr 1.85 (gpu.blog)"),
+            f"{_HW}; AMD ROCm docs dense peaks; price: Vultr 1.85 (gpu.blog)", tdp_w=750),
     )
 }
 

@@ -422,6 +422,10 @@ class SimSettings(_Strict):
 
 
 class Scenario(_Strict):
+    """One experiment, as a scenario TOML describes it: the rack, the deployment on it, optional
+    speculative decoding, the workload, the SLO and simulator settings (validated, immutable;
+    `with_overrides` gives a changed copy)."""
+
     name: str = "scenario"
     seed: int = 1
     rack: Rack = Rack()
