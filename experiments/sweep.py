@@ -216,6 +216,12 @@ def load_sweep(path: str | Path | None = None, quick: bool = False) -> SweepSpec
     return SweepSpec(d.get("name", p.stem), base, utils_t, seeds_t, tuple(variants), ref, clients_t)
 
 
+def _curve(cap: dict[str, Any]) -> list[Any]:
+    """The capacity curve rows of a variant's capacity figures (none for concurrency sweeps)."""
+    curve = cap.get("curve", [])
+    return list(curve) if isinstance(curve, (list, tuple)) else []
+
+
 def run_point(task: dict[str, Any]) -> dict[str, Any]:
     """One point, in a worker: never raises; a failure comes back as a row with `error`."""
     row = {"variant": task["variant"], "utilisation": task.get("utilisation"), "concurrency": task.get("concurrency"),
@@ -246,7 +252,7 @@ def plan_points(spec: SweepSpec, jobs: int | None = 1) -> tuple[list[dict[str, A
     processes when `jobs` allows. A concurrency sweep measures no capacity (empty figures)."""
     if spec.concurrency:
         scs = [spec.base.with_overrides(v.overrides) for v in spec.variants]
-        tasks = []
+        tasks: list[Any] = []
         for v, sc_v in zip(spec.variants, scs, strict=True):
             for n in spec.concurrency:
                 sc = sc_v.with_overrides(closed_overrides(n))
@@ -400,8 +406,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, exec
                 for fut in cf.as_completed(futs):
                     record(futs[fut], fut.result())
             except KeyboardInterrupt:
-                for f in futs:
-                    f.cancel()
+                for pending in futs:
+                    pending.cancel()
                 raise
     by_key = {r["point_key"]: r for r in rows.values() if not r.get("error")}
     table = []
@@ -492,7 +498,7 @@ def main_sweep(a: Any) -> int:
         return 130
     write_tables(df, out)
     pd.DataFrame([{"variant": v, "concurrency": r[0], "rps": r[1], "tok_s": r[2], "mean_batch": r[3]}
-                  for v, c in caps.items() for r in c.get("curve", [])]).to_csv(out / "capacity.csv", index=False)
+                  for v, c in caps.items() for r in _curve(c)]).to_csv(out / "capacity.csv", index=False)
     failed = int((df.error != "").sum()) if "error" in df else 0
     if failed == len(df):
         first = (str(df.error.iloc[0]).splitlines() or [""])[0] if len(df) else "no point ran"
