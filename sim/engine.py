@@ -21,6 +21,7 @@ State lives in fixed-size numpy slot arrays, so per-step work is independent of 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,9 @@ if TYPE_CHECKING:
 STEP_COLUMNS = (
     "replica", "start_s", "duration_s", "batch_size", "decode_seqs", "prefill_tokens", "decode_tokens", "emitted_tokens",
     "k", "kv_blocks_used", "waiting", "flops", "bytes", "target_s", "draft_s", "spec_overhead_s", "chunk_gap_s",
+    "count", "gap_step_s",
 )
+FUSE_MAX_STEPS = 4096  # longest fused run planned at once (a longer one is planned again at its end)
 
 
 class StepLog:
@@ -55,6 +58,28 @@ class StepLog:
 
     def table(self) -> np.ndarray:
         return self.data[: self.n]
+
+
+class FuseBound:
+    """What a replica needs to fuse steps exactly: `next_s(now)`, a time no later than anything
+    that could next reach the replica (an arrival, a closed-loop send) or a metric window
+    boundary (`cuts_s`); and the run's horizon. Open loop: the arrival process's next event
+    (`next_arrival_s`, kept up to date by it); closed loop (`arrivals=False`): the next event of
+    the whole simulation (env.peek()), since any send comes from a later event."""
+
+    def __init__(self, env: simpy.Environment, horizon_s: float, cuts_s: tuple[float, ...] = (),
+                 arrivals: bool = True) -> None:
+        self.env, self.horizon_s, self.arrivals = env, horizon_s, arrivals
+        cuts = np.asarray(cuts_s, dtype=np.float64)
+        self.cuts_s = np.unique(cuts[np.isfinite(cuts)])
+        self.next_arrival_s = math.inf
+
+    def next_s(self, now: float) -> float:
+        t = self.next_arrival_s if self.arrivals else self.env.peek()
+        i = int(np.searchsorted(self.cuts_s, now, "right"))
+        if i < self.cuts_s.size:
+            t = min(t, float(self.cuts_s[i]))
+        return t
 
 
 class Requests:
@@ -92,8 +117,10 @@ class Replica:
     _FIELDS = ("rid", "computed", "target", "blocks", "gen", "out", "acc", "n_acc", "n_prop", "n_verify", "n_vemit")
 
     def __init__(self, env: simpy.Environment, idx: int, rt: ReplicaRuntime, reqs: Requests,
-                 rng: np.random.Generator, log: StepLog) -> None:
+                 rng: np.random.Generator, log: StepLog, fuse: FuseBound | None = None) -> None:
         self.env, self.idx, self.rt, self.reqs, self.rng, self.log = env, idx, rt, reqs, rng, log
+        # step fusion (off when None, and always for speculation or a cost model without arrays)
+        self.fuse = fuse if (rt.spec is None and hasattr(rt.cost, "step_sums_many")) else None
         s = rt.max_num_seqs
         self.rid = np.full(s, -1, dtype=np.int64)
         self.computed = np.zeros(s, dtype=np.int64)  # tokens whose KV is computed
@@ -309,6 +336,12 @@ class Replica:
                 self.wakeup = env.event()
                 yield self.wakeup
                 self.idle = False
+            if self.fuse is not None and stalled_s == 0.0:
+                run = self._plan_run()
+                if run is not None:
+                    yield from self._fused_run(*run)
+                    decode_left = (decode_left - run[0].size) % rt.scheduler_steps
+                    continue
             n = self.n_running
             dec = self.computed[:n] >= self.target[:n]
             chunk_idx: list[int] = []
@@ -403,17 +436,7 @@ class Replica:
                     self.gen[done] += 1
                     emitted_total += int(done.size)
             # 3c. finished sequences leave
-            n = self.n_running
-            fin = self.gen[:n] >= self.out[:n]
-            if fin.any():
-                f = np.flatnonzero(fin)
-                self._sync(f)
-                reqs.completion[self.rid[f]] = now
-                reqs.n_done += int(f.size)
-                self.free_blocks += int(self.blocks[f].sum())
-                self._compact(~fin)
-                if reqs.on_complete is not None:
-                    reqs.on_complete(int(f.size))
+            self._leave(now)
             used_blocks = self.rt.plan.num_blocks - self.free_blocks
             # the gap the decoding sequences saw since their previous streamed chunk: this step,
             # plus the prefill-only steps that ran since the last decode (separate prefill)
@@ -423,7 +446,96 @@ class Replica:
             elif chunk_idx and stalling:
                 stalled_s += total_s
             self.log.append((self.idx, start, total_s, n_dec + n_pre, n_dec, pre_tokens, n_dec * q, emitted_total, k,
-                             used_blocks, len(self.waiting), flops, nbytes, target_s, draft_s, over_s, gap))
+                             used_blocks, len(self.waiting), flops, nbytes, target_s, draft_s, over_s, gap, 1, 0.0))
+
+    def _leave(self, now: float) -> None:
+        """Finished sequences leave: completion times, blocks freed, the closed loop told."""
+        reqs = self.reqs
+        n = self.n_running
+        fin = self.gen[:n] >= self.out[:n]
+        if fin.any():
+            f = np.flatnonzero(fin)
+            self._sync(f)
+            reqs.completion[self.rid[f]] = now
+            reqs.n_done += int(f.size)
+            self.free_blocks += int(self.blocks[f].sum())
+            self._compact(~fin)
+            if reqs.on_complete is not None:
+                reqs.on_complete(int(f.size))
+
+    # ------------------------------------------------------------- step fusion
+    def _plan_run(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """The next n >= 2 steps as one fused run, when they are pure decode steps the unfused loop
+        would take one by one with nothing else changing: every running sequence decodes one token
+        (no partial prefill, no speculation), no admission is possible (nothing waits, or no slot
+        or no free block), the KV blocks the sequences grow into are free at every step (no
+        preemption), no sequence finishes before the last step, and every step after the first
+        ends before anything could reach this replica (`FuseBound.next_s`) and before the horizon. Returns (durations, step ends, flops, bytes, cumulative new blocks)
+        of the n steps, or None for an ordinary step."""
+        n = self.n_running
+        fb = self.fuse
+        assert fb is not None
+        if n == 0 or (self.waiting and n < self.rt.max_num_seqs and self.free_blocks > 0):
+            return None
+        c = self.computed[:n]
+        if (c < self.target[:n]).any():
+            return None
+        held = -(-c // BLOCK_SIZE)
+        if (self.blocks[:n] != held).any():
+            return None
+        m = min(int((self.out[:n] - self.gen[:n]).min()), FUSE_MAX_STEPS)  # a sequence finishes at step m
+        if m < 2:
+            return None
+        now = self.env.now
+        bound = fb.next_s(now)
+        # KV: blocks held after step j are ceil((c + j + 1) / B); only c mod B matters
+        r = c % BLOCK_SIZE
+        hist = np.bincount(r, minlength=BLOCK_SIZE)
+        j = np.arange(m)
+        rb = np.arange(BLOCK_SIZE)
+        grid = (rb[None, :] + j[:, None] + BLOCK_SIZE) // BLOCK_SIZE - (rb > 0)[None, :]
+        cum_new = grid @ hist  # new blocks held after step j, over all sequences
+        m = min(m, int(np.searchsorted(cum_new, self.free_blocks, "right")))  # steps whose blocks are free
+        if m < 2:
+            return None
+        ctx0 = float(c.sum())
+        ctx = ctx0 + j[:m] * float(n)
+        dur, flops, nbytes = self.rt.cost.step_sums_many(n, n * 1 + 0.0, ctx + 0.0, ctx * 1 + n * 1 * 2 / 2.0 + 0.0)
+        ends = np.cumsum(np.concatenate(([now], dur)))  # SimPy's clock: the same running float sum
+        # every step of the run ends before the bound and the horizon: nothing reaches the replica
+        # while the run lasts (so the waiting queue is the same at every step), and the run's
+        # steps all start on one side of each metric window boundary
+        m = min(m, int(np.searchsorted(ends[1:], min(bound, fb.horizon_s), "left")))
+        if m < 2:
+            return None
+        return dur[:m], ends[1:m + 1], flops[:m] * self.rt.cost.tp, nbytes[:m] * self.rt.cost.tp, cum_new[:m]
+
+    def _fused_run(self, dur: np.ndarray, ends: np.ndarray, flops: np.ndarray, nbytes: np.ndarray,
+                   cum_new: np.ndarray) -> Generator[simpy.Event, Any, None]:
+        """Advance a planned run of decode steps in one timeout and log it as one run-length row."""
+        env = self.env
+        n = self.n_running
+        steps = dur.size
+        new_blocks = int(cum_new[-1])
+        self.blocks[:n] = -(-(self.computed[:n] + steps) // BLOCK_SIZE)
+        self.free_blocks -= new_blocks
+        start = env.now
+        end = float(ends[-1])
+        delay = end - start
+        while start + delay < end:  # the clock must land on the unfused loop's float sum exactly
+            delay = math.nextafter(delay, math.inf)
+        while start + delay > end:
+            delay = math.nextafter(delay, -math.inf)
+        yield env.timeout(delay)
+        self.gen[:n] += steps
+        self.computed[:n] += steps
+        self._leave(env.now)
+        used_blocks = self.rt.plan.num_blocks - self.free_blocks
+        d0 = float(dur[0])
+        slope = (float(dur[-1]) - d0) / (steps - 1)  # durations are affine in the step's context
+        total = float(dur.sum())
+        self.log.append((self.idx, start, total, n, n, 0.0, n * steps, n * steps, 0, used_blocks, len(self.waiting),
+                         float(flops.sum()), float(nbytes.sum()), total, 0.0, 0.0, d0, steps, slope))
 
     def _fit_chunk(self, i: int, budget: int, alone: bool = False) -> int:
         """Largest prefill chunk for entry i within the token budget and the free KV blocks;

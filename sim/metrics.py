@@ -44,6 +44,73 @@ def dist(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float]:
     return out
 
 
+def _counts(steps: pd.DataFrame) -> np.ndarray:
+    """Engine steps behind each step row: 1, or n for a run-length row of n fused decode steps."""
+    return steps["count"].to_numpy(np.int64) if "count" in steps else np.ones(len(steps), dtype=np.int64)
+
+
+def _run_index(cnt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, j) of every engine step: the row it is in and its index inside that row."""
+    rows = np.repeat(np.arange(cnt.size), cnt)
+    return rows, np.arange(rows.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+
+
+def step_gaps(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Every engine step's chunk gap and its weight (decoding sequences), run-length rows
+    expanded: step j of a fused run lasted chunk_gap_s + j x gap_step_s (its durations are affine
+    in the context, which grows by decode_seqs tokens a step)."""
+    cnt = _counts(steps)
+    gap = steps.chunk_gap_s.to_numpy(np.float64)
+    w = steps.decode_seqs.to_numpy(np.float64)
+    if (cnt == 1).all():
+        return gap, w
+    rows, j = _run_index(cnt)
+    return gap[rows] + j * steps.gap_step_s.to_numpy(np.float64)[rows], w[rows]
+
+
+def step_starts(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, start_s) of every engine step, run-length rows expanded: step j of a fused run
+    starts at start_s + j d0 + slope j (j - 1) / 2 (d0 = chunk_gap_s, slope = gap_step_s)."""
+    cnt = _counts(steps)
+    start = steps.start_s.to_numpy(np.float64)
+    if (cnt == 1).all():
+        return np.arange(cnt.size), start
+    rows, j = _run_index(cnt)
+    d0 = steps.chunk_gap_s.to_numpy(np.float64)[rows]
+    slope = steps.gap_step_s.to_numpy(np.float64)[rows]
+    return rows, start[rows] + j * d0 + slope * (j * (j - 1) / 2.0)
+
+
+def expand_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per engine step (`specrack run --steps full`): each run-length row of n fused
+    decode steps becomes n rows with their own start, duration and chunk gap (closed form, as
+    the unfused engine computes them to rounding), tokens per step (the row's totals / n), and
+    FLOPs and bytes per step as the run's mean (their sums are exact; per step they grow
+    slightly with the context). kv_blocks_used repeats the run's last step (after its
+    completions); waiting is the same at every step of a run. Rows come in the order the steps
+    ended, as the unfused engine logs them."""
+    cnt = _counts(steps)
+    if (cnt == 1).all():
+        return steps.assign(count=1, gap_step_s=0.0) if "count" not in steps else steps.copy()
+    rows, x = step_starts(steps)
+    _, j = _run_index(cnt)
+    out = steps.iloc[rows].reset_index(drop=True)
+    fused = cnt[rows] > 1
+    n = cnt[rows].astype(np.float64)
+    d = out.chunk_gap_s.to_numpy() + j * out.gap_step_s.to_numpy()
+    out["start_s"] = x
+    for c in ("duration_s", "target_s"):
+        out[c] = np.where(fused, d, out[c].to_numpy())
+    for c in ("decode_tokens", "emitted_tokens", "flops", "bytes"):
+        out[c] = out[c].to_numpy() / n
+    out["chunk_gap_s"] = np.where(fused, d, out.chunk_gap_s.to_numpy())
+    out["count"] = 1
+    out["gap_step_s"] = 0.0
+    # in the order the unfused engine logs steps: by the time each ended
+    order = np.argsort(out.start_s.to_numpy() + out.duration_s.to_numpy(), kind="stable")
+    return out.iloc[order].reset_index(drop=True)
+
+
 def request_latencies(req: pd.DataFrame) -> pd.DataFrame:
     """Per-request TTFT, end-to-end latency, TPOT and queueing delay."""
     ttft = req.first_token_s - req.arrival_s
@@ -55,9 +122,13 @@ def request_latencies(req: pd.DataFrame) -> pd.DataFrame:
 def queue_growth_rps(steps: pd.DataFrame) -> float:
     """Growth rate of the waiting queue (requests/s): least-squares slope per replica, summed."""
     total = 0.0
-    for _, g in steps.groupby("replica"):
-        x = g.start_s.to_numpy(np.float64)
-        y = g.waiting.to_numpy(np.float64)
+    rows, starts = step_starts(steps)
+    replica = steps.replica.to_numpy()[rows]
+    waiting = steps.waiting.to_numpy(np.float64)[rows]
+    for r in np.unique(replica):
+        sel = replica == r
+        x = starts[sel]
+        y = waiting[sel]
         if x.size >= 3 and np.ptp(x) > 0:
             dx = x - x.mean()  # closed-form least squares: no LAPACK, so no thread-dependent rounding
             total += float((dx * (y - y.mean())).sum() / (dx * dx).sum())
@@ -244,8 +315,8 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     # ITL as vLLM's benchmark measures it: the gap between successive streamed chunks of a request;
     # with steps back to back, a decoding sequence waits one step per chunk, plus the prefill-only
     # steps that ran meanwhile (separate prefill): the step table's chunk_gap_s
-    s["itl_s"] = dist(st.chunk_gap_s.to_numpy(), st.decode_seqs.to_numpy())
-    s["itl_samples"] = int(st.decode_seqs.sum())  # streamed-chunk gaps behind those percentiles
+    s["itl_s"] = dist(*step_gaps(st))
+    s["itl_samples"] = int((st.decode_seqs * _counts(st)).sum())  # streamed-chunk gaps behind those percentiles
     s["e2e_s"] = dist(m.e2e_s.to_numpy())
     s["queue_s"] = dist(m.queue_s.to_numpy())
     offered = int(meas.sum())
@@ -312,8 +383,7 @@ def bench_metrics(req: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:
     many = out_tok > 1
     tpot = (e2el[many] - ttft[many]) / (out_tok[many] - 1)
     # ITL pooled over every streamed-chunk gap: each decoding sequence of a step waited chunk_gap_s
-    gaps = steps.chunk_gap_s.to_numpy()
-    weights = steps.decode_seqs.to_numpy()
+    gaps, weights = step_gaps(steps)
     out: dict[str, float] = {
         "completed": float(len(done)), "duration": duration,
         "total_input_tokens": float(done.prompt_tokens.sum()), "total_output_tokens": float(out_tok.sum()),
