@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -127,6 +128,10 @@ def _run(a: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out_dir}: exists and is not a folder; name a folder (it is created if missing)")
     sc = _load(a)
     res = simulate(sc, a.seed, progress=True, with_capacity=True)
+    if a.steps == "full":  # one row per engine step: fused runs of decode steps expanded
+        from sim.metrics import expand_steps
+
+        res = dataclasses.replace(res, steps=expand_steps(res.steps))
     out = res.write(a.out)
     s = res.summary
     verdict = {"stable": "stable", "overloaded": "OVERLOADED", "insufficient": "TOO FEW REQUESTS TO JUDGE"}[s["verdict"]]
@@ -223,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--seed", type=int, default=None)
         if name == "run":
             s.add_argument("--out", default="results/run")
+            s.add_argument("--steps", choices=("runs", "full"), default="runs",
+                           help="steps.parquet: fused decode runs as one run-length row each (default), or one row per step")
         if name == "capacity":
             s.add_argument("--json", action="store_true")
         s.set_defaults(fn=fn)

@@ -195,35 +195,18 @@ class CostModel:
                                        else e.draft_pass_overhead_s)
         return np.where(np.asarray(tokens) > 0, lin + attn + comm + over, 0.0)
 
-    def step_sums_many(self, num_seqs: int, tokens: float, context_tokens: np.ndarray,
-                       attn_pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(total_s, flops, bytes) of engine steps that share `num_seqs` and `tokens` and differ in
-        context and attention pairs (a fused run of decode steps): `step_sums` evaluated over the
-        arrays with the same floating-point operations in the same order, so every element is
-        bit-identical to the scalar call."""
-        m, e = self.model, self.eff
-        flops = self.flops_per_token * tokens + self.attn_flops_per_pair * attn_pairs
+    def run_sums(self, tokens: float, context_sum: float, pairs_sum: float, steps: int) -> tuple[float, float]:
+        """(FLOPs, bytes) summed over `steps` engine steps of `tokens` new tokens each, whose
+        contexts and attention pairs sum to `context_sum` and `pairs_sum` (per GPU; the step
+        formulas are linear in both)."""
+        m = self.model
         w = self.dense_weight_bytes
         if self.expert_weight_bytes:
-            touched = 1.0 - (1.0 - m.experts_per_token / m.num_experts) ** tokens
-            w += self.expert_weight_bytes * touched
-        kv_r = self.kv_bytes_per_token_gpu * context_tokens
-        kv_w = self.kv_bytes_per_token_gpu * tokens
-        act = self.act_bytes_per_token * tokens
-        mfu = self.mfu_max * tokens / (tokens + e.mfu_half_tokens)
-        lin_c = self.flops_per_token * tokens / (self.peak * mfu)
-        attn_c = self.attn_flops_per_pair * attn_pairs / (self.peak * self.mfu_max)
-        lin_m = (w + act) / self.bw
-        attn_m = (kv_r + kv_w) / self.bw
-        busy = (lin_c if lin_c > lin_m else lin_m) + np.maximum(attn_c, attn_m)
-        if self.n_allreduce:
-            payload = tokens * m.hidden_size * ACT_BYTES
-            comm_s = self.n_allreduce * (e.allreduce_latency_s + self.ring_factor * payload / self.comm_bw)
-        else:
-            comm_s = 0.0
-        overhead_s = self.pass_overhead_s + e.step_overhead_s + e.seq_overhead_s * num_seqs
-        total = busy + comm_s + overhead_s
-        return total, flops, w + kv_r + kv_w + act
+            w += self.expert_weight_bytes * (1.0 - (1.0 - m.experts_per_token / m.num_experts) ** tokens)
+        flops = steps * self.flops_per_token * tokens + self.attn_flops_per_pair * pairs_sum
+        nbytes = steps * (w + (self.kv_bytes_per_token_gpu + self.act_bytes_per_token) * tokens) \
+            + self.kv_bytes_per_token_gpu * context_sum
+        return flops, nbytes
 
     def step(self, new_tokens: np.ndarray | list[int], context: np.ndarray | list[int], *, step_overhead: bool = True) -> StepCost:
         """Cost of one forward pass over a batch: per sequence, new tokens and cached tokens."""

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import simpy
 
+from models.cost import CostModel
 from models.memory import BLOCK_SIZE
 from models.speculative import expected_tokens_table, sample_accepted
 
@@ -120,7 +121,7 @@ class Replica:
                  rng: np.random.Generator, log: StepLog, fuse: FuseBound | None = None) -> None:
         self.env, self.idx, self.rt, self.reqs, self.rng, self.log = env, idx, rt, reqs, rng, log
         # step fusion (off when None, and always for speculation or a cost model without arrays)
-        self.fuse = fuse if (rt.spec is None and hasattr(rt.cost, "step_sums_many")) else None
+        self.fuse = fuse if (rt.spec is None and isinstance(rt.cost, CostModel)) else None
         s = rt.max_num_seqs
         self.rid = np.full(s, -1, dtype=np.int64)
         self.computed = np.zeros(s, dtype=np.int64)  # tokens whose KV is computed
@@ -340,7 +341,7 @@ class Replica:
                 run = self._plan_run()
                 if run is not None:
                     yield from self._fused_run(*run)
-                    decode_left = (decode_left - run[0].size) % rt.scheduler_steps
+                    decode_left = (decode_left - run[0]) % rt.scheduler_steps
                     continue
             n = self.n_running
             dec = self.computed[:n] >= self.target[:n]
@@ -464,14 +465,21 @@ class Replica:
                 reqs.on_complete(int(f.size))
 
     # ------------------------------------------------------------- step fusion
-    def _plan_run(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    def _plan_run(self) -> tuple[int, float, float, list[int], bool] | None:
         """The next n >= 2 steps as one fused run, when they are pure decode steps the unfused loop
         would take one by one with nothing else changing: every running sequence decodes one token
         (no partial prefill, no speculation), no admission is possible (nothing waits, or no slot
         or no free block), the KV blocks the sequences grow into are free at every step (no
-        preemption), no sequence finishes before the last step, and every step after the first
-        ends before anything could reach this replica (`FuseBound.next_s`) and before the horizon. Returns (durations, step ends, flops, bytes, cumulative new blocks)
-        of the n steps, or None for an ordinary step."""
+        preemption), no sequence finishes before the last step, every step of the run starts
+        before anything could reach this replica (`FuseBound.next_s`; so the steps all start on
+        one side of each metric window boundary) and the run ends before the horizon.
+
+        Step j of such a run has the batch of step 0 with the context grown by j tokens per
+        sequence, so its duration is d0 + j x slope (the step cost is affine in the context: the
+        attention roofline is proportional to context + new tokens in both its branches).
+        Returns (n, d0, slope, cumulative new KV blocks per step, whether the last step ends at or
+        after the bound: then something may reach the replica during it, so it is logged as a row
+        of its own with the waiting queue at its end), or None for an ordinary step."""
         n = self.n_running
         fb = self.fuse
         assert fb is not None
@@ -480,62 +488,84 @@ class Replica:
         c = self.computed[:n]
         if (c < self.target[:n]).any():
             return None
-        held = -(-c // BLOCK_SIZE)
-        if (self.blocks[:n] != held).any():
-            return None
-        m = min(int((self.out[:n] - self.gen[:n]).min()), FUSE_MAX_STEPS)  # a sequence finishes at step m
+        m = int((self.out[:n] - self.gen[:n]).min())  # a sequence finishes at step m
         if m < 2:
             return None
         now = self.env.now
         bound = fb.next_s(now)
-        # KV: blocks held after step j are ceil((c + j + 1) / B); only c mod B matters
-        r = c % BLOCK_SIZE
-        hist = np.bincount(r, minlength=BLOCK_SIZE)
-        j = np.arange(m)
-        rb = np.arange(BLOCK_SIZE)
-        grid = (rb[None, :] + j[:, None] + BLOCK_SIZE) // BLOCK_SIZE - (rb > 0)[None, :]
-        cum_new = grid @ hist  # new blocks held after step j, over all sequences
-        m = min(m, int(np.searchsorted(cum_new, self.free_blocks, "right")))  # steps whose blocks are free
-        if m < 2:
-            return None
+        cost = self.rt.cost
         ctx0 = float(c.sum())
-        ctx = ctx0 + j[:m] * float(n)
-        dur, flops, nbytes = self.rt.cost.step_sums_many(n, n * 1 + 0.0, ctx + 0.0, ctx * 1 + n * 1 * 2 / 2.0 + 0.0)
-        ends = np.cumsum(np.concatenate(([now], dur)))  # SimPy's clock: the same running float sum
-        # every step of the run ends before the bound and the horizon: nothing reaches the replica
-        # while the run lasts (so the waiting queue is the same at every step), and the run's
-        # steps all start on one side of each metric window boundary
-        m = min(m, int(np.searchsorted(ends[1:], min(bound, fb.horizon_s), "left")))
+        tokens = n * 1 + 0.0
+        d0 = cost.step_sums(n, tokens, ctx0, ctx0 + n).total_s
+        limit = min(bound, fb.horizon_s)
+        m = min(m, FUSE_MAX_STEPS, int((limit - now) / d0) + 2)  # durations never fall as the context grows
         if m < 2:
             return None
-        return dur[:m], ends[1:m + 1], flops[:m] * self.rt.cost.tp, nbytes[:m] * self.rt.cost.tp, cum_new[:m]
+        # KV (blocks held are ceil(computed / B) for every decoding sequence): sequence i needs a
+        # new block at step j when (c_i + j) % B == 0; new blocks over steps 0..s-1 are
+        # (s // B) x n + first[s % B], first[r] = new blocks in the first r steps of a cycle
+        first = [0, *np.cumsum(np.bincount((-c) % BLOCK_SIZE, minlength=BLOCK_SIZE)).tolist()]
+        free = self.free_blocks
+        if (m // BLOCK_SIZE) * n + first[m % BLOCK_SIZE] > free:
+            s = (free // n) * BLOCK_SIZE  # whole cycles that fit, then step by step
+            while s < m and ((s + 1) // BLOCK_SIZE) * n + first[(s + 1) % BLOCK_SIZE] <= free:
+                s += 1
+            m = s
+            if m < 2:
+                return None
+        last = m - 1
+        slope = (cost.step_sums(n, tokens, ctx0 + last * n, ctx0 + last * n + n).total_s - d0) / last
+        # steps starting before the bound (the last may end after it), the run ending before the horizon
+        def start(j: int) -> float:
+            return now + j * d0 + slope * (j * (j - 1) / 2.0)
 
-    def _fused_run(self, dur: np.ndarray, ends: np.ndarray, flops: np.ndarray, nbytes: np.ndarray,
-                   cum_new: np.ndarray) -> Generator[simpy.Event, Any, None]:
-        """Advance a planned run of decode steps in one timeout and log it as one run-length row."""
+        k = m
+        while k >= 2 and (start(k - 1) >= bound or start(k) >= fb.horizon_s):
+            k -= 1
+        if k < 2:
+            return None
+        cum = [(s // BLOCK_SIZE) * n + first[s % BLOCK_SIZE] for s in (k - 1, k)]
+        return k, d0, slope, cum, start(k) >= bound
+
+    def _fused_run(self, steps: int, d0: float, slope: float, cum: list[int],
+                   split: bool) -> Generator[simpy.Event, Any, None]:
+        """Advance a planned run of decode steps in one timeout and log it as one run-length row
+        (two when `split`: the run's last step apart)."""
         env = self.env
         n = self.n_running
-        steps = dur.size
-        new_blocks = int(cum_new[-1])
-        self.blocks[:n] = -(-(self.computed[:n] + steps) // BLOCK_SIZE)
-        self.free_blocks -= new_blocks
+        ctx0 = float(self.computed[:n].sum())
+        used0 = self.rt.plan.num_blocks - self.free_blocks
+        self.free_blocks -= cum[1]
         start = env.now
-        end = float(ends[-1])
-        delay = end - start
-        while start + delay < end:  # the clock must land on the unfused loop's float sum exactly
-            delay = math.nextafter(delay, math.inf)
-        while start + delay > end:
-            delay = math.nextafter(delay, -math.inf)
-        yield env.timeout(delay)
-        self.gen[:n] += steps
+        waiting = len(self.waiting)
+        total = steps * d0 + slope * (steps * (steps - 1) / 2.0)
+        finishing = int((self.out[:n] - self.gen[:n]).min()) == steps
+        yield env.timeout(total)
         self.computed[:n] += steps
-        self._leave(env.now)
+        self.blocks[:n] = -(-self.computed[:n] // BLOCK_SIZE)
+        self.gen[:n] += steps
+        if finishing:
+            self._leave(env.now)
         used_blocks = self.rt.plan.num_blocks - self.free_blocks
-        d0 = float(dur[0])
-        slope = (float(dur[-1]) - d0) / (steps - 1)  # durations are affine in the step's context
-        total = float(dur.sum())
-        self.log.append((self.idx, start, total, n, n, 0.0, n * steps, n * steps, 0, used_blocks, len(self.waiting),
-                         float(flops.sum()), float(nbytes.sum()), total, 0.0, 0.0, d0, steps, slope))
+        if split:
+            self._log_run(start, steps - 1, d0, slope, n, ctx0, used0 + cum[0], waiting)
+            last = (steps - 1) * d0 + slope * ((steps - 1) * (steps - 2) / 2.0)
+            self._log_run(start + last, 1, d0 + (steps - 1) * slope, 0.0, n, ctx0 + (steps - 1) * n, used_blocks,
+                          len(self.waiting))
+        else:
+            self._log_run(start, steps, d0, slope, n, ctx0, used_blocks, waiting)
+
+    def _log_run(self, start: float, steps: int, d0: float, slope: float, n: int, ctx0: float,
+                 used_blocks: int, waiting: int) -> None:
+        """One step row for `steps` pure decode steps of n sequences, the first at context ctx0 and
+        lasting d0, each next one `slope` longer: run-length (count, first duration, slope) when
+        more than one."""
+        cost = self.rt.cost
+        total = steps * d0 + slope * (steps * (steps - 1) / 2.0)
+        ctx_sum = steps * ctx0 + n * (steps * (steps - 1) / 2.0)
+        flops, nbytes = cost.run_sums(float(n), ctx_sum, ctx_sum + steps * n, steps)
+        self.log.append((self.idx, start, total, n, n, 0.0, n * steps, n * steps, 0, used_blocks, waiting,
+                         flops * cost.tp, nbytes * cost.tp, total, 0.0, 0.0, d0, steps, slope if steps > 1 else 0.0))
 
     def _fit_chunk(self, i: int, budget: int, alone: bool = False) -> int:
         """Largest prefill chunk for entry i within the token budget and the free KV blocks;
