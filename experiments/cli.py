@@ -172,7 +172,7 @@ def _print_benchmark(s: dict[str, Any]) -> None:
 def _bench(a: argparse.Namespace) -> int:
     from experiments.bench import run_bench
 
-    out = run_bench(quick=a.quick)
+    out = run_bench(quick=a.quick, fusion=a.fusion)
     print(json.dumps(out, indent=2))
     return 0
 
@@ -237,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="engine speed against a bare SimPy loop")
     b.add_argument("--json", action="store_true", help="(always JSON)")
     b.add_argument("--quick", action="store_true", help="1k and 10k requests instead of 10k and 100k")
+    b.add_argument("--fusion", default="", metavar="WORKLOADS",
+                   help="step fusion on vs off on issue 12's workloads instead (a, b, c; e.g. --fusion abc)")
     b.set_defaults(fn=_bench)
 
     w = sub.add_parser("sweep", help="utilisation sweep over strategies, with report (default: built-in experiment)")

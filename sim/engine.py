@@ -21,6 +21,7 @@ State lives in fixed-size numpy slot arrays, so per-step work is independent of 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Callable, Generator
@@ -62,24 +63,44 @@ class StepLog:
 
 
 class FuseBound:
-    """What a replica needs to fuse steps exactly: `next_s(now)`, a time no later than anything
-    that could next reach the replica (an arrival, a closed-loop send) or a metric window
-    boundary (`cuts_s`); and the run's horizon. Open loop: the arrival process's next event
-    (`next_arrival_s`, kept up to date by it); closed loop (`arrivals=False`): the next event of
-    the whole simulation (env.peek()), since any send comes from a later event."""
+    """What a replica needs to fuse steps exactly: `next_s(now, replica)`, a time no later than
+    anything that could next reach the replica (an arrival, a closed-loop send) or a metric
+    window boundary (`cuts_s`); and the run's horizon.
+
+    Open loop: the arrival process's next event (`next_arrival_s`, kept up to date by it, with
+    `next_index`, the request it brings). With round-robin routing (`round_robin`: the queued
+    times of the whole table, the backlog limit and a function giving the requests waiting on
+    all replicas), request i goes to replica i mod R, so a replica's bound is its own next
+    arrival, or the arrival at which the backlog limit could first stop the run (the run must
+    not stop inside a fused run), whichever comes first. Closed loop (`arrivals=False`): the
+    next event of the whole simulation (env.peek()), since any send comes from a later event."""
 
     def __init__(self, env: simpy.Environment, horizon_s: float, cuts_s: tuple[float, ...] = (),
-                 arrivals: bool = True) -> None:
-        self.env, self.horizon_s, self.arrivals = env, horizon_s, arrivals
+                 arrivals: bool = True, round_robin: tuple[np.ndarray, int, int, Callable[[], int]] | None = None
+                 ) -> None:
+        self.env, self.horizon_s, self.arrivals, self.round_robin = env, horizon_s, arrivals, round_robin
         cuts = np.asarray(cuts_s, dtype=np.float64)
-        self.cuts_s = np.unique(cuts[np.isfinite(cuts)])
+        self.cuts_s: list[float] = np.unique(cuts[np.isfinite(cuts)]).tolist()
         self.next_arrival_s = math.inf
+        self.next_index = 0
 
-    def next_s(self, now: float) -> float:
-        t = self.next_arrival_s if self.arrivals else self.env.peek()
-        i = int(np.searchsorted(self.cuts_s, now, "right"))
-        if i < self.cuts_s.size:
-            t = min(t, float(self.cuts_s[i]))
+    def next_s(self, now: float, replica: int = 0) -> float:
+        if not self.arrivals:
+            t = self.env.peek()
+        elif self.round_robin is None or self.next_arrival_s == math.inf:
+            t = self.next_arrival_s
+        else:
+            queued, r, limit, waiting = self.round_robin
+            g = self.next_index
+            j = min(g + (replica - g) % r, g + max(0, limit - waiting()))
+            # an arrival event lands on now + (t - now), within an ulp or two of t
+            if j == g:
+                t = self.next_arrival_s
+            else:
+                t = float(queued[j]) * (1.0 - 1e-15) if j < queued.size else math.inf
+        i = bisect.bisect_right(self.cuts_s, now)
+        if i < len(self.cuts_s):
+            t = min(t, self.cuts_s[i])
         return t
 
 
@@ -465,7 +486,7 @@ class Replica:
                 reqs.on_complete(int(f.size))
 
     # ------------------------------------------------------------- step fusion
-    def _plan_run(self) -> tuple[int, float, float, list[int], bool] | None:
+    def _plan_run(self) -> tuple[int, float, float, list[int], bool, float, bool] | None:
         """The next n >= 2 steps as one fused run, when they are pure decode steps the unfused loop
         would take one by one with nothing else changing: every running sequence decodes one token
         (no partial prefill, no speculation), no admission is possible (nothing waits, or no slot
@@ -479,7 +500,8 @@ class Replica:
         attention roofline is proportional to context + new tokens in both its branches).
         Returns (n, d0, slope, cumulative new KV blocks per step, whether the last step ends at or
         after the bound: then something may reach the replica during it, so it is logged as a row
-        of its own with the waiting queue at its end), or None for an ordinary step."""
+        of its own with the waiting queue at its end, the context at step 0, whether a sequence
+        finishes at the last step), or None for an ordinary step."""
         n = self.n_running
         fb = self.fuse
         assert fb is not None
@@ -488,15 +510,14 @@ class Replica:
         c = self.computed[:n]
         if (c < self.target[:n]).any():
             return None
-        m = int((self.out[:n] - self.gen[:n]).min())  # a sequence finishes at step m
+        m = rem = int((self.out[:n] - self.gen[:n]).min())  # a sequence finishes at step m
         if m < 2:
             return None
         now = self.env.now
-        bound = fb.next_s(now)
+        bound = fb.next_s(now, self.idx)
         cost = self.rt.cost
         ctx0 = float(c.sum())
-        tokens = n * 1 + 0.0
-        d0 = cost.step_sums(n, tokens, ctx0, ctx0 + n).total_s
+        d0 = cost.decode_s(n, ctx0)
         limit = min(bound, fb.horizon_s)
         m = min(m, FUSE_MAX_STEPS, int((limit - now) / d0) + 2)  # durations never fall as the context grows
         if m < 2:
@@ -514,7 +535,7 @@ class Replica:
             if m < 2:
                 return None
         last = m - 1
-        slope = (cost.step_sums(n, tokens, ctx0 + last * n, ctx0 + last * n + n).total_s - d0) / last
+        slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last
         # steps starting before the bound (the last may end after it), the run ending before the horizon
         def start(j: int) -> float:
             return now + j * d0 + slope * (j * (j - 1) / 2.0)
@@ -525,21 +546,19 @@ class Replica:
         if k < 2:
             return None
         cum = [(s // BLOCK_SIZE) * n + first[s % BLOCK_SIZE] for s in (k - 1, k)]
-        return k, d0, slope, cum, start(k) >= bound
+        return k, d0, slope, cum, start(k) >= bound, ctx0, k == rem
 
-    def _fused_run(self, steps: int, d0: float, slope: float, cum: list[int],
-                   split: bool) -> Generator[simpy.Event, Any, None]:
+    def _fused_run(self, steps: int, d0: float, slope: float, cum: list[int], split: bool, ctx0: float,
+                   finishing: bool) -> Generator[simpy.Event, Any, None]:
         """Advance a planned run of decode steps in one timeout and log it as one run-length row
         (two when `split`: the run's last step apart)."""
         env = self.env
         n = self.n_running
-        ctx0 = float(self.computed[:n].sum())
         used0 = self.rt.plan.num_blocks - self.free_blocks
         self.free_blocks -= cum[1]
         start = env.now
         waiting = len(self.waiting)
         total = steps * d0 + slope * (steps * (steps - 1) / 2.0)
-        finishing = int((self.out[:n] - self.gen[:n]).min()) == steps
         yield env.timeout(total)
         self.computed[:n] += steps
         self.blocks[:n] = -(-self.computed[:n] // BLOCK_SIZE)

@@ -43,6 +43,7 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
             env.schedule(ev, URGENT, t - env.now)
             if fuse is not None:
                 fuse.next_arrival_s = env.now + (t - env.now)  # the event's exact time
+                fuse.next_index = i
             yield ev
         while i < n and times[i] <= env.now:
             _route(replicas, router, rr).submit(i)
@@ -171,7 +172,9 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         queued = arrival + frontend if frontend > 0 else arrival
         drain = sc.sim.drain_s if sc.sim.drain_s is not None else max(wl.duration_s, 600.0)
         horizon = horizon_s if horizon_s is not None else (float(arrival[-1]) if arrival.size else 0.0) + drain
-        fuse = FuseBound(env, horizon, cuts) if sc.sim.fuse_steps else None
+        rr = ((queued, rt.num_replicas, limit, lambda: sum(len(r.waiting) for r in replicas))
+              if sc.deployment.router == "round_robin" else None)
+        fuse = FuseBound(env, horizon, cuts, round_robin=rr) if sc.sim.fuse_steps else None
         env.process(_arrivals(env, queued, replicas, sc.deployment.router, stop, limit, fuse))
         replicas.extend(Replica(env, i, rt, reqs, rngs[i], log, fuse) for i in range(rt.num_replicas))
     else:

@@ -92,6 +92,7 @@ def test_decode_step_cost_is_affine_in_the_context(model: str, tp: int) -> None:
         d0, slope = ones[0].total_s, (ones[-1].total_s - ones[0].total_s) / 399
         for j, o in enumerate(ones):
             assert d0 + j * slope == pytest.approx(o.total_s, rel=1e-12, abs=0)
+        assert [cm.decode_s(n, c0 + j * n) for j in range(400)] == [o.total_s for o in ones]  # bit-identical
         ctx_sum = 400 * c0 + n * 399 * 400 / 2
         flops, nbytes = cm.run_sums(n + 0.0, ctx_sum, ctx_sum + 400 * n, 400)
         assert flops == pytest.approx(sum(o.flops for o in ones), rel=1e-12)
