@@ -68,40 +68,64 @@ class FuseBound:
     window boundary (`cuts_s`); and the run's horizon.
 
     Open loop: the arrival process's next event (`next_arrival_s`, kept up to date by it, with
-    `next_index`, the request it brings). With round-robin routing (`round_robin`: the queued
-    times of the whole table, the backlog limit and a function giving the requests waiting on
-    all replicas), request i goes to replica i mod R, so a replica's bound is its own next
-    arrival, or the arrival at which the backlog limit could first stop the run (the run must
-    not stop inside a fused run), whichever comes first. Closed loop (`arrivals=False`): the
-    next event of the whole simulation (env.peek()), since any send comes from a later event."""
+    `next_index`, the request it brings), or later when the router cannot send the next
+    requests to this replica (`routing`: the queued times of the whole table, the replicas, the
+    backlog limit and the router). Round robin sends request i to replica i mod R. Least
+    outstanding sends a request to the first replica with the fewest requests (running +
+    waiting); until a run ends, this replica's count o_R is fixed and another replica S's can
+    only fall (completions) or grow by the requests it is sent, one each, so the next
+    sum_S max(0, o_R + [S before R] - o_S) requests all go elsewhere. Either way the bound is
+    also never past the arrival at which the backlog limit could first stop the run. Closed loop
+    (`arrivals=False`): the next event of the whole simulation (env.peek()), since any send comes
+    from a later event."""
 
     def __init__(self, env: simpy.Environment, horizon_s: float, cuts_s: tuple[float, ...] = (),
-                 arrivals: bool = True, round_robin: tuple[np.ndarray, int, int, Callable[[], int]] | None = None
-                 ) -> None:
-        self.env, self.horizon_s, self.arrivals, self.round_robin = env, horizon_s, arrivals, round_robin
+                 arrivals: bool = True, routing: tuple[np.ndarray, list[Replica], int, str] | None = None) -> None:
+        self.env, self.horizon_s, self.arrivals, self.routing = env, horizon_s, arrivals, routing
         cuts = np.asarray(cuts_s, dtype=np.float64)
         self.cuts_s: list[float] = np.unique(cuts[np.isfinite(cuts)]).tolist()
         self.next_arrival_s = math.inf
         self.next_index = 0
 
-    def next_s(self, now: float, replica: int = 0) -> float:
+    def _routed_s(self, replica: int) -> tuple[float, float]:
+        """The earliest arrival that could be sent to this replica, and the earliest at which
+        the backlog limit could stop the run (open loop, with routing)."""
+        assert self.routing is not None
+        _, reps, limit, router = self.routing
+        g = self.next_index
+        if router == "round_robin":
+            j = g + (replica - g) % len(reps)
+        else:
+            o = reps[replica].outstanding()
+            j = g + sum(max(0, o + (s.idx < replica) - s.outstanding()) for s in reps if s.idx != replica)
+        stop = g + max(0, limit - sum(len(s.waiting) for s in reps))
+        return self._arrival_s(min(j, stop)), self._arrival_s(stop)
+
+    def _arrival_s(self, j: int) -> float:
+        if j == self.next_index:
+            return self.next_arrival_s
+        queued = self.routing[0] if self.routing is not None else np.zeros(0)
+        # an arrival event lands on now + (t - now), within an ulp or two of t
+        return float(queued[j]) * (1.0 - 1e-15) if j < queued.size else math.inf
+
+    def next_s(self, now: float, replica: int = 0) -> tuple[float, float]:
+        """(bound, end bound): every step of a fused run must start before the bound (then
+        nothing has reached the replica when it is planned) and the run must end before the end
+        bound (the run's horizon, or an arrival at which the backlog limit could stop the run:
+        steps still in flight then are never completed)."""
+        end = self.horizon_s
         if not self.arrivals:
             t = self.env.peek()
-        elif self.round_robin is None or self.next_arrival_s == math.inf:
+        elif self.routing is None or self.next_arrival_s == math.inf:
             t = self.next_arrival_s
+            end = min(end, t)
         else:
-            queued, r, limit, waiting = self.round_robin
-            g = self.next_index
-            j = min(g + (replica - g) % r, g + max(0, limit - waiting()))
-            # an arrival event lands on now + (t - now), within an ulp or two of t
-            if j == g:
-                t = self.next_arrival_s
-            else:
-                t = float(queued[j]) * (1.0 - 1e-15) if j < queued.size else math.inf
+            t, stop = self._routed_s(replica)
+            end = min(end, stop)
         i = bisect.bisect_right(self.cuts_s, now)
         if i < len(self.cuts_s):
             t = min(t, self.cuts_s[i])
-        return t
+        return t, end
 
 
 class Requests:
@@ -514,11 +538,11 @@ class Replica:
         if m < 2:
             return None
         now = self.env.now
-        bound = fb.next_s(now, self.idx)
+        bound, end_bound = fb.next_s(now, self.idx)
         cost = self.rt.cost
         ctx0 = float(c.sum())
         d0 = cost.decode_s(n, ctx0)
-        limit = min(bound, fb.horizon_s)
+        limit = min(bound, end_bound)
         m = min(m, FUSE_MAX_STEPS, int((limit - now) / d0) + 2)  # durations never fall as the context grows
         if m < 2:
             return None
@@ -541,7 +565,7 @@ class Replica:
             return now + j * d0 + slope * (j * (j - 1) / 2.0)
 
         k = m
-        while k >= 2 and (start(k - 1) >= bound or start(k) >= fb.horizon_s):
+        while k >= 2 and (start(k - 1) >= bound or start(k) >= end_bound):
             k -= 1
         if k < 2:
             return None

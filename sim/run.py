@@ -172,9 +172,8 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         queued = arrival + frontend if frontend > 0 else arrival
         drain = sc.sim.drain_s if sc.sim.drain_s is not None else max(wl.duration_s, 600.0)
         horizon = horizon_s if horizon_s is not None else (float(arrival[-1]) if arrival.size else 0.0) + drain
-        rr = ((queued, rt.num_replicas, limit, lambda: sum(len(r.waiting) for r in replicas))
-              if sc.deployment.router == "round_robin" else None)
-        fuse = FuseBound(env, horizon, cuts, round_robin=rr) if sc.sim.fuse_steps else None
+        fuse = (FuseBound(env, horizon, cuts, routing=(queued, replicas, limit, sc.deployment.router))
+                if sc.sim.fuse_steps else None)
         env.process(_arrivals(env, queued, replicas, sc.deployment.router, stop, limit, fuse))
         replicas.extend(Replica(env, i, rt, reqs, rngs[i], log, fuse) for i in range(rt.num_replicas))
     else:

@@ -112,6 +112,13 @@ _MATRIX = {
     "2-replicas-least": dict(rack={"gpu": "h100-sxm", "num_gpus": 8}, workload={"rate_rps": 5.0, "duration_s": 60.0}),
     "2-replicas-rr": dict(rack={"gpu": "h100-sxm", "num_gpus": 8}, deployment={"router": "round_robin"},
                           workload={"rate_rps": 5.0, "duration_s": 60.0}),
+    "4-replicas-least": dict(rack={"gpu": "h100-sxm", "num_gpus": 16}, workload={"rate_rps": 8.0, "duration_s": 40.0}),
+    # overloaded: full slots (fused runs with requests waiting), stopped by the backlog limit
+    "4-replicas-rr-backlog": dict(rack={"gpu": "h100-sxm", "num_gpus": 16},
+                                  deployment={"router": "round_robin", "max_num_seqs": 16},
+                                  workload={"rate_rps": 30.0, "duration_s": 40.0}, sim={"backlog_limit": 40}),
+    "4-replicas-least-backlog": dict(rack={"gpu": "h100-sxm", "num_gpus": 16}, deployment={"max_num_seqs": 16},
+                                     workload={"rate_rps": 30.0, "duration_s": 40.0}, sim={"backlog_limit": 40}),
     "closed": dict(workload={"arrival": "closed", "concurrency": 12, "num_requests": 300, "rate_rps": None,
                              "duration_s": 60.0, "warmup_s": 20.0}),
     "closed-think-2-replicas": dict(rack={"gpu": "h100-sxm", "num_gpus": 8},
@@ -169,3 +176,17 @@ def test_speculative_runs_do_not_fuse(make_scenario) -> None:
                                     "num_speculative_tokens": 3},
                        workload={"rate_rps": 1.0, "duration_s": 30.0})
     assert (simulate(sc, 1).steps["count"] == 1).all()
+
+
+def test_run_steps_full_expands_the_runs(tmp_path, example_path) -> None:
+    from experiments.cli import main
+
+    short = ["--set", "workload.duration_s=40", "--set", "workload.warmup_s=5", "--set", "workload.utilisation=0.3"]
+    assert main(["run", str(example_path), "--out", str(tmp_path / "runs"), *short]) == 0
+    assert main(["run", str(example_path), "--out", str(tmp_path / "full"), "--steps", "full", *short]) == 0
+    runs = pd.read_parquet(tmp_path / "runs" / "steps.parquet")
+    full = pd.read_parquet(tmp_path / "full" / "steps.parquet")
+    assert runs["count"].max() > 1 and (full["count"] == 1).all()
+    assert len(full) == int(runs["count"].sum())
+    assert full.emitted_tokens.sum() == runs.emitted_tokens.sum()
+    assert full.duration_s.sum() == pytest.approx(runs.duration_s.sum(), rel=1e-12)
