@@ -64,8 +64,13 @@ def step_gaps(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     w = steps.decode_seqs.to_numpy(np.float64)
     if (cnt == 1).all():
         return gap, w
-    rows, j = _run_index(cnt)
-    return gap[rows] + j * steps.gap_step_s.to_numpy(np.float64)[rows], w[rows]
+    # expanded in place: each step's gap, its index in its run times the run's slope added
+    out = np.repeat(gap, cnt)
+    j = np.arange(out.size, dtype=np.float64)
+    j -= np.repeat((np.cumsum(cnt) - cnt).astype(np.float64), cnt)
+    j *= np.repeat(steps.gap_step_s.to_numpy(np.float64), cnt)
+    out += j
+    return out, np.repeat(w, cnt)
 
 
 def step_starts(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -120,19 +125,49 @@ def request_latencies(req: pd.DataFrame) -> pd.DataFrame:
 
 
 def queue_growth_rps(steps: pd.DataFrame) -> float:
-    """Growth rate of the waiting queue (requests/s): least-squares slope per replica, summed."""
+    """Growth rate of the waiting queue (requests/s): least-squares slope per replica over every
+    engine step's (start, waiting), summed. Run-length rows in closed form (`_run_moments`)."""
     total = 0.0
-    rows, starts = step_starts(steps)
-    replica = steps.replica.to_numpy()[rows]
-    waiting = steps.waiting.to_numpy(np.float64)[rows]
-    for r in np.unique(replica):
-        sel = replica == r
-        x = starts[sel]
-        y = waiting[sel]
-        if x.size >= 3 and np.ptp(x) > 0:
+    cnt = _counts(steps)
+    fused = bool((cnt > 1).any())
+    for _, g in steps.groupby("replica"):
+        x = g.start_s.to_numpy(np.float64)
+        y = g.waiting.to_numpy(np.float64)
+        if fused:
+            total += _run_slope(g)
+        elif x.size >= 3 and np.ptp(x) > 0:
             dx = x - x.mean()  # closed-form least squares: no LAPACK, so no thread-dependent rounding
             total += float((dx * (y - y.mean())).sum() / (dx * dx).sum())
     return total
+
+
+def _run_slope(g: pd.DataFrame) -> float:
+    """The least-squares slope of waiting on step start over one replica's steps, with each
+    run-length row's n steps at x_j = s + a j + b j (j - 1) / 2 (a = chunk_gap_s, b = gap_step_s,
+    the same waiting y): the centred sums from power sums of j, without expanding the run."""
+    n = _counts(g).astype(np.float64)
+    if n.sum() < 3:
+        return 0.0
+    s = g.start_s.to_numpy(np.float64)
+    a = g.chunk_gap_s.to_numpy(np.float64) * (n > 1)
+    b = g.gap_step_s.to_numpy(np.float64) * (n > 1)
+    y = g.waiting.to_numpy(np.float64)
+    m = n - 1.0
+    s1 = m * n / 2.0  # sum of j over j = 0..n-1
+    s2 = m * n * (2.0 * m + 1.0) / 6.0
+    s3 = s1 * s1
+    s4 = m * n * (2.0 * m + 1.0) * (3.0 * m * m + 3.0 * m - 1.0) / 30.0
+    q1, jq, qq = (s2 - s1) / 2.0, (s3 - s2) / 2.0, (s4 - 2.0 * s3 + s2) / 4.0  # q_j = j (j - 1) / 2
+    total_n = float(n.sum())
+    x_mean = float((n * s + a * s1 + b * q1).sum()) / total_n
+    y_mean = float((n * y).sum()) / total_n
+    last = s + a * m + b * m * (m - 1.0) / 2.0
+    if not float(last.max()) > float(s.min()):
+        return 0.0
+    u = s - x_mean
+    sx = n * u + a * s1 + b * q1  # per row: sum of (x_j - mean)
+    sxx = n * u * u + 2.0 * u * (a * s1 + b * q1) + a * a * s2 + 2.0 * a * b * jq + b * b * qq
+    return float((sx * (y - y_mean)).sum() / sxx.sum())
 
 
 def in_system(req: pd.DataFrame, times: np.ndarray) -> np.ndarray:

@@ -190,3 +190,30 @@ def test_run_steps_full_expands_the_runs(tmp_path, example_path) -> None:
     assert len(full) == int(runs["count"].sum())
     assert full.emitted_tokens.sum() == runs.emitted_tokens.sum()
     assert full.duration_s.sum() == pytest.approx(runs.duration_s.sum(), rel=1e-12)
+
+
+def test_run_length_metrics_match_their_expansion() -> None:
+    """Random run-length tables: the closed-form queue-growth slope and the expanded ITL gaps
+    agree with the same figures computed over one row per step."""
+    from sim.metrics import _run_slope, dist, step_gaps, step_starts
+
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        k = int(rng.integers(1, 30))
+        cnt = rng.integers(1, 40, k) * (rng.random(k) < 0.6) + 1
+        d0 = rng.uniform(0.01, 0.05, k)
+        slope = rng.uniform(0, 1e-6, k) * (cnt > 1)
+        total = cnt * d0 + slope * cnt * (cnt - 1) / 2
+        start = 100 + np.concatenate([[0], np.cumsum(total)[:-1]]) + rng.uniform(0, 0.1, k)
+        g = pd.DataFrame({"start_s": start, "chunk_gap_s": d0, "gap_step_s": slope, "count": cnt,
+                          "waiting": rng.integers(0, 9, k), "replica": 0, "decode_seqs": rng.integers(1, 50, k)})
+        rows, x = step_starts(g)
+        if x.size >= 3:
+            y = g.waiting.to_numpy(np.float64)[rows]
+            dx = x - x.mean()
+            ref = (dx * (y - y.mean())).sum() / (dx * dx).sum()
+            assert _run_slope(g) == pytest.approx(ref, rel=1e-9, abs=1e-9)
+        gaps, w = step_gaps(g)
+        j = np.concatenate([np.arange(c) for c in cnt])
+        np.testing.assert_allclose(gaps, np.repeat(d0, cnt) + j * np.repeat(slope, cnt), rtol=1e-14)
+        assert dist(gaps, w)["p90"] == dist(np.repeat(d0, cnt) + j * np.repeat(slope, cnt), np.repeat(g.decode_seqs, cnt))["p90"]
