@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -127,6 +128,10 @@ def _run(a: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out_dir}: exists and is not a folder; name a folder (it is created if missing)")
     sc = _load(a)
     res = simulate(sc, a.seed, progress=True, with_capacity=True)
+    if a.steps == "full":  # one row per engine step: fused runs of decode steps expanded
+        from sim.metrics import expand_steps
+
+        res = dataclasses.replace(res, steps=expand_steps(res.steps))
     out = res.write(a.out)
     s = res.summary
     verdict = {"stable": "stable", "overloaded": "OVERLOADED", "insufficient": "TOO FEW REQUESTS TO JUDGE"}[s["verdict"]]
@@ -167,7 +172,7 @@ def _print_benchmark(s: dict[str, Any]) -> None:
 def _bench(a: argparse.Namespace) -> int:
     from experiments.bench import run_bench
 
-    out = run_bench(quick=a.quick)
+    out = run_bench(quick=a.quick, fusion=a.fusion)
     print(json.dumps(out, indent=2))
     return 0
 
@@ -250,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--seed", type=int, default=None)
         if name == "run":
             s.add_argument("--out", default="results/run")
+            s.add_argument("--steps", choices=("runs", "full"), default="runs",
+                           help="steps.parquet: fused decode runs as one run-length row each (default), or one row per step")
         if name == "capacity":
             s.add_argument("--json", action="store_true")
         s.set_defaults(fn=fn)
@@ -257,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="engine speed against a bare SimPy loop")
     b.add_argument("--json", action="store_true", help="(always JSON)")
     b.add_argument("--quick", action="store_true", help="1k and 10k requests instead of 10k and 100k")
+    b.add_argument("--fusion", default="", metavar="WORKLOADS",
+                   help="step fusion on vs off on issue 12's workloads instead (a, b, c; e.g. --fusion abc)")
     b.set_defaults(fn=_bench)
 
     w = sub.add_parser("sweep", help="utilisation sweep over strategies, with report (default: built-in experiment)")

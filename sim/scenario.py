@@ -419,6 +419,8 @@ def slo_key_hint(key: str) -> str:
 class SimSettings(_Strict):
     drain_s: Annotated[float, Field(ge=0)] | None = None  # default: max(duration_s, 600)
     backlog_limit: Annotated[int, Field(ge=1)] | None = None  # waiting requests per replica
+    # advance runs of pure decode steps in one event (exact: docs/PERFORMANCE.md); false: one event per step
+    fuse_steps: bool = True
 
 
 class Scenario(_Strict):
