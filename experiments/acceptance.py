@@ -479,8 +479,9 @@ def default_scenario_path() -> Path:
     return Path(str(resources.files("experiments") / "scenarios" / "default-mix.toml"))
 
 
-QUICK = {"utilisation": (0.3, 0.6, 0.9), "seeds": (1,), "set": {"workload.duration_s": 120, "workload.warmup_s": 20}}
-FULL = {"utilisation": (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9), "seeds": (1, 2, 3)}
+QUICK: dict[str, Any] = {"utilisation": (0.3, 0.6, 0.9), "seeds": (1,),
+                         "set": {"workload.duration_s": 120, "workload.warmup_s": 20}}
+FULL: dict[str, Any] = {"utilisation": (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9), "seeds": (1, 2, 3)}
 
 
 def shift_sweep(base: Any, sources: list[tuple[str, list[AcceptanceFit]]], out: Path, *, quick: bool,

@@ -2,11 +2,14 @@
 
 Reports engine steps per second next to a bare SimPy timeout loop's rate, their ratio, simulated
 output tokens per wall-clock second, wall time and peak memory for two request counts (the
-cost should grow linearly: compare the per-request wall time of the two).
+cost should grow linearly: compare the per-request wall time of the two); and step fusion
+(`[sim] fuse_steps`) on against off on the workloads of issue 12, each run in a forked child so
+its peak memory is its own (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import resource
 import time
 from importlib import resources
@@ -70,13 +73,80 @@ def bench_point(n_requests: int, utilisation: float = 0.7) -> dict[str, Any]:
     res = simulate(sc)
     wall = time.perf_counter() - t
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    steps = len(res.steps)
+    steps = int(res.steps["count"].sum())  # engine steps (a fused run is one row of `count` steps)
     return {"requests": n_requests, "steps": steps, "wall_s": wall, "steps_per_s": steps / wall,
             "sim_output_tok_per_wall_s": float(res.steps.emitted_tokens.sum()) / wall,
             "wall_us_per_request": wall / n_requests * 1e6, "peak_rss_mib": peak / 2**20}
 
 
-def run_bench(quick: bool = False) -> dict[str, Any]:
+# issue 12's workloads: Llama-3.1-70B TP4 on H100s, Poisson 2 req/s per replica, 512 prompt and
+# 256 output tokens; (b) with a 1B draft model, k = 4; (c) eight replicas (round robin)
+FUSION_WORKLOADS: dict[str, dict[str, Any]] = {
+    "a": {"replicas": 1, "requests": 20_000, "spec": False},
+    "b": {"replicas": 1, "requests": 20_000, "spec": True},
+    "c": {"replicas": 8, "requests": 1_000_000, "spec": False},
+}
+
+
+def fusion_scenario(replicas: int, requests: int, spec: bool, fuse: bool):
+    from sim.scenario import scenario_from_dict
+
+    d: dict[str, Any] = {
+        "name": f"bench-{replicas}x{requests}{'-spec' if spec else ''}",
+        "rack": {"gpu": "h100-sxm", "num_gpus": 4 * replicas},
+        "deployment": {"model": "llama-3.1-70b", "tensor_parallel": 4, "router": "round_robin"},
+        "workload": {"rate_rps": 2.0 * replicas, "num_requests": requests, "warmup_s": 0.0,
+                     "prompt_tokens": {"dist": "fixed", "value": 512}, "output_tokens": {"dist": "fixed", "value": 256}},
+        "sim": {"fuse_steps": fuse},
+    }
+    if spec:
+        d["speculative"] = {"method": "draft_model", "draft_model": "llama-3.2-1b", "num_speculative_tokens": 4}
+    return scenario_from_dict(d)
+
+
+def _timed(args: tuple[int, int, bool, bool]) -> dict[str, Any]:
+    """One run in this (forked) process: wall time, engine steps and step rows, peak RSS."""
+    import scipy.stats  # noqa: F401
+
+    import models.speculative  # noqa: F401  (imports outside the timing)
+
+    sc = fusion_scenario(*args)
+    t = time.perf_counter()
+    res = simulate(sc)
+    wall = time.perf_counter() - t
+    steps = int(res.steps["count"].sum())
+    return {"wall_s": wall, "steps": steps, "step_rows": len(res.steps), "steps_per_s": steps / wall,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "throughput_tok_s": res.summary["throughput_tok_s"], "e2e_mean_s": res.summary["e2e_s"]["mean"]}
+
+
+def _in_child(args: tuple[int, int, bool, bool]) -> dict[str, Any]:
+    with multiprocessing.get_context("fork").Pool(1, maxtasksperchild=1) as pool:
+        return pool.apply(_timed, (args,))
+
+
+def fusion_bench(names: str = "abc", quick: bool = False, unfused_max_requests: int = 50_000) -> dict[str, Any]:
+    """Fusion on vs off for each named workload: wall time, steps/s, peak RSS and their ratios.
+    The unfused run is capped at `unfused_max_requests` (c's million would take a quarter of an
+    hour): above it, the ratio is measured at that size and the fused run is also timed whole."""
+    out: dict[str, Any] = {}
+    for name in names:
+        w = FUSION_WORKLOADS[name]
+        n = min(w["requests"], 2_000 if quick else w["requests"])
+        m = min(n, unfused_max_requests)
+        on = _in_child((w["replicas"], m, w["spec"], True))
+        off = _in_child((w["replicas"], m, w["spec"], False))
+        p: dict[str, Any] = {**w, "measured_requests": m, "fused": on, "unfused": off,
+                             "speedup": off["wall_s"] / on["wall_s"], "steps_per_row": on["steps"] / on["step_rows"]}
+        if n > m:
+            p["fused_full"] = _in_child((w["replicas"], n, w["spec"], True))
+        out[name] = p
+    return out
+
+
+def run_bench(quick: bool = False, fusion: str = "") -> dict[str, Any]:
+    if fusion:
+        return {"fusion": fusion_bench(fusion, quick)}
     sizes = (1_000, 10_000) if quick else (10_000, 100_000)
     bare = bare_simpy_rate()
     points = [bench_point(n) for n in sizes]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -127,6 +128,10 @@ def _run(a: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out_dir}: exists and is not a folder; name a folder (it is created if missing)")
     sc = _load(a)
     res = simulate(sc, a.seed, progress=True, with_capacity=True)
+    if a.steps == "full":  # one row per engine step: fused runs of decode steps expanded
+        from sim.metrics import expand_steps
+
+        res = dataclasses.replace(res, steps=expand_steps(res.steps))
     out = res.write(a.out)
     s = res.summary
     verdict = {"stable": "stable", "overloaded": "OVERLOADED", "insufficient": "TOO FEW REQUESTS TO JUDGE"}[s["verdict"]]
@@ -167,7 +172,7 @@ def _print_benchmark(s: dict[str, Any]) -> None:
 def _bench(a: argparse.Namespace) -> int:
     from experiments.bench import run_bench
 
-    out = run_bench(quick=a.quick)
+    out = run_bench(quick=a.quick, fusion=a.fusion)
     print(json.dumps(out, indent=2))
     return 0
 
@@ -179,9 +184,23 @@ def _sweep(a: argparse.Namespace) -> int:
 
 
 def _plan(a: argparse.Namespace) -> int:
+    from experiments.images import check_images, image_formats, plan_images
     from experiments.plan import main_plan
 
-    return main_plan(a)
+    formats = image_formats(a)
+    if formats:
+        check_images()  # before any run
+    code = main_plan(a)
+    images = plan_images(Path(a.out), formats) if code == 0 else []
+    if formats:
+        print("wrote " + ", ".join(map(str, images)) if images else "no figures to export (--no-analyses)")
+    return code
+
+
+def _image_flags(p: argparse.ArgumentParser) -> None:
+    for fmt in ("png", "svg"):
+        p.add_argument(f"--{fmt}", action="store_true",
+                       help=f"also export the figures as {fmt.upper()} (needs Kaleido: pip install -e '.[images]')")
 
 
 def _acceptance(a: argparse.Namespace) -> int:
@@ -194,6 +213,19 @@ def _calibrate(a: argparse.Namespace) -> int:
     from experiments.calibrate_report import main_calibrate
 
     return main_calibrate(a)
+
+
+def _list(a: argparse.Namespace) -> int:
+    from experiments.listing import rows, text_table
+
+    print(json.dumps(rows(a.catalogue), indent=2) if a.json else text_table(a.catalogue))
+    return 0
+
+
+def _compare(a: argparse.Namespace) -> int:
+    from experiments.compare import main_compare
+
+    return main_compare(a)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -223,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--seed", type=int, default=None)
         if name == "run":
             s.add_argument("--out", default="results/run")
+            s.add_argument("--steps", choices=("runs", "full"), default="runs",
+                           help="steps.parquet: fused decode runs as one run-length row each (default), or one row per step")
         if name == "capacity":
             s.add_argument("--json", action="store_true")
         s.set_defaults(fn=fn)
@@ -230,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="engine speed against a bare SimPy loop")
     b.add_argument("--json", action="store_true", help="(always JSON)")
     b.add_argument("--quick", action="store_true", help="1k and 10k requests instead of 10k and 100k")
+    b.add_argument("--fusion", default="", metavar="WORKLOADS",
+                   help="step fusion on vs off on issue 12's workloads instead (a, b, c; e.g. --fusion abc)")
     b.set_defaults(fn=_bench)
 
     w = sub.add_parser("sweep", help="utilisation sweep over strategies, with report (default: built-in experiment)")
@@ -241,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="process: local process pool (default); dask-local: a Dask LocalCluster; dask: --scheduler")
     w.add_argument("--scheduler", default=None, help="Dask scheduler address for --executor dask, e.g. tcp://10.0.0.5:8786")
     w.add_argument("--scheduler-timeout", type=float, default=10.0, help="seconds to wait for the Dask scheduler")
+    _image_flags(w)
     w.set_defaults(fn=_sweep)
 
     pl = sub.add_parser("plan", help="capacity plan: smallest rack per strategy meeting the SLO, with cost and quality")
@@ -249,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--quick", action="store_true", help="shorter runs and coarser analyses")
     pl.add_argument("--jobs", type=int, default=None)
     pl.add_argument("--no-analyses", action="store_true", help="only the ranked plan (no curves, map, shift)")
+    _image_flags(pl)
     pl.set_defaults(fn=_plan)
 
     ac = sub.add_parser("acceptance", help="fit acceptance (mean, spread, decay) to vLLM metrics, bench JSON, logs or CSV",
@@ -284,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--engine", default=None, help="engine profile to fit (default: the scenario's, else vllm-v1)")
     ca.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="override a deployment setting, e.g. deployment.max_num_seqs=256")
-    ca.add_argument("--fit", default="step_overhead_s,seq_overhead_s",
+    ca.add_argument("--fit", default="step_overhead_s,seq_overhead_s,frontend_s",
                     help="software factors to fit, comma-separated (step_overhead_s, layer_overhead_s, seq_overhead_s, "
                          "frontend_s, draft_pass_overhead_s; docs/CALIBRATION.md)")
     ca.add_argument("--seeds", default=None, help="simulation seeds averaged per load point, e.g. 1,2 (default 1,2; --quick 1)")
@@ -294,6 +332,17 @@ def build_parser() -> argparse.ArgumentParser:
     ca.add_argument("--out", default="results/calibrate")
     ca.add_argument("--quick", action="store_true", help="one seed and fewer fit iterations")
     ca.set_defaults(fn=_calibrate)
+
+    li = sub.add_parser("list", help="the catalogues: GPUs, models, the sweep's built-in strategies, engine profiles")
+    li.add_argument("catalogue", choices=["gpus", "models", "strategies", "profiles"])
+    li.add_argument("--json", action="store_true", help="records as JSON instead of a table")
+    li.set_defaults(fn=_list)
+
+    co = sub.add_parser("compare", help="two or more sweep or plan output folders side by side (compare.csv, compare.html)")
+    co.add_argument("runs", nargs="+", metavar="RUN", help="sweep output folders (results.parquet) or plan output folders (plan.csv)")
+    co.add_argument("--out", default="results/compare")
+    _image_flags(co)
+    co.set_defaults(fn=_compare)
     return p
 
 

@@ -161,8 +161,9 @@ PRUNING = ("Pruning, before any rack is simulated: a configuration of capacity C
            "the simulated passing ones.")
 
 
-def write_plan_report(spec: Any, tables: dict[str, pd.DataFrame], out: str | Path) -> Path:
-    out = Path(out)
+def plan_figures(tables: dict[str, pd.DataFrame]) -> list[tuple[str, go.Figure]]:
+    """The plan report's figures by section name, from the analyses' tables that are present
+    (also exported by `plan --png/--svg`)."""
     figs = []
     configs = tables.get("configs")
     if configs is not None and len(configs) and (configs.get("status") == "passes").any():
@@ -175,6 +176,13 @@ def write_plan_report(spec: Any, tables: dict[str, pd.DataFrame], out: str | Pat
         figs.append(("shift", shift_chart(tables["shift"])))
     if "retraining" in tables and len(tables["retraining"]):
         figs.append(("retraining", retraining_chart(tables["retraining"])))
+    return figs
+
+
+def write_plan_report(spec: Any, tables: dict[str, pd.DataFrame], out: str | Path) -> Path:
+    out = Path(out)
+    figs = plan_figures(tables)
+    configs = tables.get("configs")
     parts = [f'<section id="{n}">' + pio.to_html(f, include_plotlyjs=(i == 0), full_html=False, div_id=f"chart-{n}")
              + "</section>" for i, (n, f) in enumerate(figs)]
     plan = tables["plan"]

@@ -312,11 +312,9 @@ def _other_profiles(df: pd.DataFrame, base: str) -> str:
     return f" (variants also on {', '.join(html.escape(str(o)) for o in other)})" if other else ""
 
 
-def write_report(df: pd.DataFrame, sp: pd.DataFrame, out: str | Path, *, spec: Any = None,
-                 capacities: dict[str, dict[str, float]] | None = None) -> Path:
-    """Write report.html: one self-contained file (plotly.js embedded once)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+def report_figures(df: pd.DataFrame, sp: pd.DataFrame, *, spec: Any = None,
+                   capacities: dict[str, dict[str, Any]] | None = None) -> list[tuple[str, go.Figure]]:
+    """The report's figures by section name, in order (also exported by `sweep --png/--svg`)."""
     slo = spec.base.slo.targets() if spec else {}
     closed = load_axis(df) == "concurrency"
     figs = [
@@ -329,6 +327,15 @@ def write_report(df: pd.DataFrame, sp: pd.DataFrame, out: str | Path, *, spec: A
     ]
     if capacities and any(c.get("curve") for c in capacities.values()):
         figs.append(("capacity", capacity_chart(capacities)))
+    return figs
+
+
+def write_report(df: pd.DataFrame, sp: pd.DataFrame, out: str | Path, *, spec: Any = None,
+                 capacities: dict[str, dict[str, float]] | None = None) -> Path:
+    """Write report.html: one self-contained file (plotly.js embedded once)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    figs = report_figures(df, sp, spec=spec, capacities=capacities)
     parts = []
     for i, (name, fig) in enumerate(figs):
         parts.append(f'<section id="{name}">' + pio.to_html(fig, include_plotlyjs=(i == 0), full_html=False,

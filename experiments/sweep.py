@@ -33,7 +33,7 @@ import pandas as pd
 from models.errors import ConfigError
 from sim.capacity import Capacity, baseline_of, capacity_key, remember
 from sim.scenario import Scenario, load_scenario, read_toml
-from sim.simulate import capacity, simulate
+from sim.simulate import capacity, flatten, simulate
 
 KEY_PARAMS = {
     "model": ("deployment", "model"), "weights": ("deployment", "weights"), "kv_cache": ("deployment", "kv_cache"),
@@ -216,22 +216,10 @@ def load_sweep(path: str | Path | None = None, quick: bool = False) -> SweepSpec
     return SweepSpec(d.get("name", p.stem), base, utils_t, seeds_t, tuple(variants), ref, clients_t)
 
 
-def flatten(summary: dict[str, Any]) -> dict[str, Any]:
-    """Summary dict to one flat row: nested latencies become `ttft_s_p99` etc."""
-    row: dict[str, Any] = {}
-    for k, v in summary.items():
-        if k in ("scenario", "versions"):
-            continue
-        if isinstance(v, dict):
-            for kk, vv in v.items():
-                if isinstance(vv, dict):  # SLO checks: slo_ttft_p99_s_value, ..._target, ..._met
-                    for kkk, vvv in vv.items():
-                        row[f"{k}_{kk}_{kkk}"] = vvv
-                else:
-                    row[f"{k}_{kk}"] = vv
-        else:
-            row[k] = v
-    return row
+def _curve(cap: dict[str, Any]) -> list[Any]:
+    """The capacity curve rows of a variant's capacity figures (none for concurrency sweeps)."""
+    curve = cap.get("curve", [])
+    return list(curve) if isinstance(curve, (list, tuple)) else []
 
 
 def run_point(task: dict[str, Any]) -> dict[str, Any]:
@@ -264,7 +252,7 @@ def plan_points(spec: SweepSpec, jobs: int | None = 1) -> tuple[list[dict[str, A
     processes when `jobs` allows. A concurrency sweep measures no capacity (empty figures)."""
     if spec.concurrency:
         scs = [spec.base.with_overrides(v.overrides) for v in spec.variants]
-        tasks = []
+        tasks: list[Any] = []
         for v, sc_v in zip(spec.variants, scs, strict=True):
             for n in spec.concurrency:
                 sc = sc_v.with_overrides(closed_overrides(n))
@@ -418,8 +406,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, exec
                 for fut in cf.as_completed(futs):
                     record(futs[fut], fut.result())
             except KeyboardInterrupt:
-                for f in futs:
-                    f.cancel()
+                for pending in futs:
+                    pending.cancel()
                 raise
     by_key = {r["point_key"]: r for r in rows.values() if not r.get("error")}
     table = []
@@ -480,7 +468,12 @@ def write_tables(df: pd.DataFrame, out: Path) -> None:
 
 def main_sweep(a: Any) -> int:
     from experiments.analysis import crossovers, speedups
-    from experiments.report import write_report
+    from experiments.images import check_images, image_formats, write_images
+    from experiments.report import report_figures, write_report
+
+    formats = image_formats(a)
+    if formats:
+        check_images()  # before any run
 
     if a.jobs is not None and a.jobs < 1:
         raise ConfigError(f"--jobs must be a positive number of parallel processes, got {a.jobs}")
@@ -505,7 +498,7 @@ def main_sweep(a: Any) -> int:
         return 130
     write_tables(df, out)
     pd.DataFrame([{"variant": v, "concurrency": r[0], "rps": r[1], "tok_s": r[2], "mean_batch": r[3]}
-                  for v, c in caps.items() for r in c.get("curve", [])]).to_csv(out / "capacity.csv", index=False)
+                  for v, c in caps.items() for r in _curve(c)]).to_csv(out / "capacity.csv", index=False)
     failed = int((df.error != "").sum()) if "error" in df else 0
     if failed == len(df):
         first = (str(df.error.iloc[0]).splitlines() or [""])[0] if len(df) else "no point ran"
@@ -515,7 +508,9 @@ def main_sweep(a: Any) -> int:
     sp = speedups(ok, spec.reference, x=spec.axis)
     sp.to_csv(out / "speedups.csv", index=False)
     report = write_report(ok, sp, out, spec=spec, capacities=caps)
-    print(f"wrote {out / 'results.parquet'}, {out / 'results.csv'}, {out / 'speedups.csv'}, {report}")
+    images = write_images(report_figures(ok, sp, spec=spec, capacities=caps), out, formats, "report")
+    print(f"wrote {out / 'results.parquet'}, {out / 'results.csv'}, {out / 'speedups.csv'}, {report}"
+          + "".join(f", {p}" for p in images))
     spec_variants = set(ok[ok.speculative_method != "none"].variant) if "speculative_method" in ok else set()
     for v, u in crossovers(sp).items():
         if v in spec_variants:

@@ -195,6 +195,48 @@ class CostModel:
                                        else e.draft_pass_overhead_s)
         return np.where(np.asarray(tokens) > 0, lin + attn + comm + over, 0.0)
 
+    def decode_s(self, num_seqs: int, context_tokens: float) -> float:
+        """`step_sums(num_seqs, num_seqs, context_tokens, context_tokens + num_seqs).total_s`, the
+        duration of a plain decode step (one new token per sequence), with the same floating-point
+        operations in the same order (bit-identical), without building the breakdown: a fused run
+        of decode steps prices its first and last step with it."""
+        m, e = self.model, self.eff
+        tokens = num_seqs * 1 + 0.0
+        attn_pairs = context_tokens + num_seqs
+        w = self.dense_weight_bytes
+        if self.expert_weight_bytes:
+            touched = 1.0 - (1.0 - m.experts_per_token / m.num_experts) ** tokens
+            w += self.expert_weight_bytes * touched
+        kv_r = self.kv_bytes_per_token_gpu * context_tokens
+        kv_w = self.kv_bytes_per_token_gpu * tokens
+        act = self.act_bytes_per_token * tokens
+        mfu = self.mfu_max * tokens / (tokens + e.mfu_half_tokens)
+        lin_c = self.flops_per_token * tokens / (self.peak * mfu)
+        attn_c = self.attn_flops_per_pair * attn_pairs / (self.peak * self.mfu_max)
+        lin_m = (w + act) / self.bw
+        attn_m = (kv_r + kv_w) / self.bw
+        busy = (lin_c if lin_c > lin_m else lin_m) + (attn_c if attn_c > attn_m else attn_m)
+        if self.n_allreduce:
+            payload = tokens * m.hidden_size * ACT_BYTES
+            comm_s = self.n_allreduce * (e.allreduce_latency_s + self.ring_factor * payload / self.comm_bw)
+        else:
+            comm_s = 0.0
+        overhead_s = self.pass_overhead_s + e.step_overhead_s + e.seq_overhead_s * num_seqs
+        return busy + comm_s + overhead_s
+
+    def run_sums(self, tokens: float, context_sum: float, pairs_sum: float, steps: int) -> tuple[float, float]:
+        """(FLOPs, bytes) summed over `steps` engine steps of `tokens` new tokens each, whose
+        contexts and attention pairs sum to `context_sum` and `pairs_sum` (per GPU; the step
+        formulas are linear in both)."""
+        m = self.model
+        w = self.dense_weight_bytes
+        if self.expert_weight_bytes:
+            w += self.expert_weight_bytes * (1.0 - (1.0 - m.experts_per_token / m.num_experts) ** tokens)
+        flops = steps * self.flops_per_token * tokens + self.attn_flops_per_pair * pairs_sum
+        nbytes = steps * (w + (self.kv_bytes_per_token_gpu + self.act_bytes_per_token) * tokens) \
+            + self.kv_bytes_per_token_gpu * context_sum
+        return flops, nbytes
+
     def step(self, new_tokens: np.ndarray | list[int], context: np.ndarray | list[int], *, step_overhead: bool = True) -> StepCost:
         """Cost of one forward pass over a batch: per sequence, new tokens and cached tokens."""
         n = np.asarray(new_tokens, dtype=np.float64)

@@ -21,6 +21,8 @@ State lives in fixed-size numpy slot arrays, so per-step work is independent of 
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import deque
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import simpy
 
+from models.cost import CostModel
 from models.memory import BLOCK_SIZE
 from models.speculative import expected_tokens_table, sample_accepted
 
@@ -37,7 +40,9 @@ if TYPE_CHECKING:
 STEP_COLUMNS = (
     "replica", "start_s", "duration_s", "batch_size", "decode_seqs", "prefill_tokens", "decode_tokens", "emitted_tokens",
     "k", "kv_blocks_used", "waiting", "flops", "bytes", "target_s", "draft_s", "spec_overhead_s", "chunk_gap_s",
+    "count", "gap_step_s",
 )
+FUSE_MAX_STEPS = 4096  # longest fused run planned at once (a longer one is planned again at its end)
 
 
 class StepLog:
@@ -55,6 +60,72 @@ class StepLog:
 
     def table(self) -> np.ndarray:
         return self.data[: self.n]
+
+
+class FuseBound:
+    """What a replica needs to fuse steps exactly: `next_s(now, replica)`, a time no later than
+    anything that could next reach the replica (an arrival, a closed-loop send) or a metric
+    window boundary (`cuts_s`); and the run's horizon.
+
+    Open loop: the arrival process's next event (`next_arrival_s`, kept up to date by it, with
+    `next_index`, the request it brings), or later when the router cannot send the next
+    requests to this replica (`routing`: the queued times of the whole table, the replicas, the
+    backlog limit and the router). Round robin sends request i to replica i mod R. Least
+    outstanding sends a request to the first replica with the fewest requests (running +
+    waiting); until a run ends, this replica's count o_R is fixed and another replica S's can
+    only fall (completions) or grow by the requests it is sent, one each, so the next
+    sum_S max(0, o_R + [S before R] - o_S) requests all go elsewhere. Either way the bound is
+    also never past the arrival at which the backlog limit could first stop the run. Closed loop
+    (`arrivals=False`): the next event of the whole simulation (env.peek()), since any send comes
+    from a later event."""
+
+    def __init__(self, env: simpy.Environment, horizon_s: float, cuts_s: tuple[float, ...] = (),
+                 arrivals: bool = True, routing: tuple[np.ndarray, list[Replica], int, str] | None = None) -> None:
+        self.env, self.horizon_s, self.arrivals, self.routing = env, horizon_s, arrivals, routing
+        cuts = np.asarray(cuts_s, dtype=np.float64)
+        self.cuts_s: list[float] = np.unique(cuts[np.isfinite(cuts)]).tolist()
+        self.next_arrival_s = math.inf
+        self.next_index = 0
+
+    def _routed_s(self, replica: int) -> tuple[float, float]:
+        """The earliest arrival that could be sent to this replica, and the earliest at which
+        the backlog limit could stop the run (open loop, with routing)."""
+        assert self.routing is not None
+        _, reps, limit, router = self.routing
+        g = self.next_index
+        if router == "round_robin":
+            j = g + (replica - g) % len(reps)
+        else:
+            o = reps[replica].outstanding()
+            j = g + sum(max(0, o + (s.idx < replica) - s.outstanding()) for s in reps if s.idx != replica)
+        stop = g + max(0, limit - sum(len(s.waiting) for s in reps))
+        return self._arrival_s(min(j, stop)), self._arrival_s(stop)
+
+    def _arrival_s(self, j: int) -> float:
+        if j == self.next_index:
+            return self.next_arrival_s
+        queued = self.routing[0] if self.routing is not None else np.zeros(0)
+        # an arrival event lands on now + (t - now), within an ulp or two of t
+        return float(queued[j]) * (1.0 - 1e-15) if j < queued.size else math.inf
+
+    def next_s(self, now: float, replica: int = 0) -> tuple[float, float]:
+        """(bound, end bound): every step of a fused run must start before the bound (then
+        nothing has reached the replica when it is planned) and the run must end before the end
+        bound (the run's horizon, or an arrival at which the backlog limit could stop the run:
+        steps still in flight then are never completed)."""
+        end = self.horizon_s
+        if not self.arrivals:
+            t = self.env.peek()
+        elif self.routing is None or self.next_arrival_s == math.inf:
+            t = self.next_arrival_s
+            end = min(end, t)
+        else:
+            t, stop = self._routed_s(replica)
+            end = min(end, stop)
+        i = bisect.bisect_right(self.cuts_s, now)
+        if i < len(self.cuts_s):
+            t = min(t, self.cuts_s[i])
+        return t, end
 
 
 class Requests:
@@ -92,8 +163,10 @@ class Replica:
     _FIELDS = ("rid", "computed", "target", "blocks", "gen", "out", "acc", "n_acc", "n_prop", "n_verify", "n_vemit")
 
     def __init__(self, env: simpy.Environment, idx: int, rt: ReplicaRuntime, reqs: Requests,
-                 rng: np.random.Generator, log: StepLog) -> None:
+                 rng: np.random.Generator, log: StepLog, fuse: FuseBound | None = None) -> None:
         self.env, self.idx, self.rt, self.reqs, self.rng, self.log = env, idx, rt, reqs, rng, log
+        # step fusion (off when None, and always for speculation or a cost model without arrays)
+        self.fuse = fuse if (rt.spec is None and isinstance(rt.cost, CostModel)) else None
         s = rt.max_num_seqs
         self.rid = np.full(s, -1, dtype=np.int64)
         self.computed = np.zeros(s, dtype=np.int64)  # tokens whose KV is computed
@@ -309,6 +382,12 @@ class Replica:
                 self.wakeup = env.event()
                 yield self.wakeup
                 self.idle = False
+            if self.fuse is not None and stalled_s == 0.0:
+                run = self._plan_run()
+                if run is not None:
+                    yield from self._fused_run(*run)
+                    decode_left = (decode_left - run[0]) % rt.scheduler_steps
+                    continue
             n = self.n_running
             dec = self.computed[:n] >= self.target[:n]
             chunk_idx: list[int] = []
@@ -403,17 +482,7 @@ class Replica:
                     self.gen[done] += 1
                     emitted_total += int(done.size)
             # 3c. finished sequences leave
-            n = self.n_running
-            fin = self.gen[:n] >= self.out[:n]
-            if fin.any():
-                f = np.flatnonzero(fin)
-                self._sync(f)
-                reqs.completion[self.rid[f]] = now
-                reqs.n_done += int(f.size)
-                self.free_blocks += int(self.blocks[f].sum())
-                self._compact(~fin)
-                if reqs.on_complete is not None:
-                    reqs.on_complete(int(f.size))
+            self._leave(now)
             used_blocks = self.rt.plan.num_blocks - self.free_blocks
             # the gap the decoding sequences saw since their previous streamed chunk: this step,
             # plus the prefill-only steps that ran since the last decode (separate prefill)
@@ -423,7 +492,123 @@ class Replica:
             elif chunk_idx and stalling:
                 stalled_s += total_s
             self.log.append((self.idx, start, total_s, n_dec + n_pre, n_dec, pre_tokens, n_dec * q, emitted_total, k,
-                             used_blocks, len(self.waiting), flops, nbytes, target_s, draft_s, over_s, gap))
+                             used_blocks, len(self.waiting), flops, nbytes, target_s, draft_s, over_s, gap, 1, 0.0))
+
+    def _leave(self, now: float) -> None:
+        """Finished sequences leave: completion times, blocks freed, the closed loop told."""
+        reqs = self.reqs
+        n = self.n_running
+        fin = self.gen[:n] >= self.out[:n]
+        if fin.any():
+            f = np.flatnonzero(fin)
+            self._sync(f)
+            reqs.completion[self.rid[f]] = now
+            reqs.n_done += int(f.size)
+            self.free_blocks += int(self.blocks[f].sum())
+            self._compact(~fin)
+            if reqs.on_complete is not None:
+                reqs.on_complete(int(f.size))
+
+    # ------------------------------------------------------------- step fusion
+    def _plan_run(self) -> tuple[int, float, float, list[int], bool, float, bool] | None:
+        """The next n >= 2 steps as one fused run, when they are pure decode steps the unfused loop
+        would take one by one with nothing else changing: every running sequence decodes one token
+        (no partial prefill, no speculation), no admission is possible (nothing waits, or no slot
+        or no free block), the KV blocks the sequences grow into are free at every step (no
+        preemption), no sequence finishes before the last step, every step of the run starts
+        before anything could reach this replica (`FuseBound.next_s`; so the steps all start on
+        one side of each metric window boundary) and the run ends before the horizon.
+
+        Step j of such a run has the batch of step 0 with the context grown by j tokens per
+        sequence, so its duration is d0 + j x slope (the step cost is affine in the context: the
+        attention roofline is proportional to context + new tokens in both its branches).
+        Returns (n, d0, slope, cumulative new KV blocks per step, whether the last step ends at or
+        after the bound: then something may reach the replica during it, so it is logged as a row
+        of its own with the waiting queue at its end, the context at step 0, whether a sequence
+        finishes at the last step), or None for an ordinary step."""
+        n = self.n_running
+        fb = self.fuse
+        assert fb is not None
+        if n == 0 or (self.waiting and n < self.rt.max_num_seqs and self.free_blocks > 0):
+            return None
+        c = self.computed[:n]
+        if (c < self.target[:n]).any():
+            return None
+        m = rem = int((self.out[:n] - self.gen[:n]).min())  # a sequence finishes at step m
+        if m < 2:
+            return None
+        now = self.env.now
+        bound, end_bound = fb.next_s(now, self.idx)
+        cost = self.rt.cost
+        ctx0 = float(c.sum())
+        d0 = cost.decode_s(n, ctx0)
+        limit = min(bound, end_bound)
+        m = min(m, FUSE_MAX_STEPS, int((limit - now) / d0) + 2)  # durations never fall as the context grows
+        if m < 2:
+            return None
+        # KV (blocks held are ceil(computed / B) for every decoding sequence): sequence i needs a
+        # new block at step j when (c_i + j) % B == 0; new blocks over steps 0..s-1 are
+        # (s // B) x n + first[s % B], first[r] = new blocks in the first r steps of a cycle
+        first = [0, *np.cumsum(np.bincount((-c) % BLOCK_SIZE, minlength=BLOCK_SIZE)).tolist()]
+        free = self.free_blocks
+        if (m // BLOCK_SIZE) * n + first[m % BLOCK_SIZE] > free:
+            s = (free // n) * BLOCK_SIZE  # whole cycles that fit, then step by step
+            while s < m and ((s + 1) // BLOCK_SIZE) * n + first[(s + 1) % BLOCK_SIZE] <= free:
+                s += 1
+            m = s
+            if m < 2:
+                return None
+        last = m - 1
+        slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last
+        # steps starting before the bound (the last may end after it), the run ending before the horizon
+        def start(j: int) -> float:
+            return now + j * d0 + slope * (j * (j - 1) / 2.0)
+
+        k = m
+        while k >= 2 and (start(k - 1) >= bound or start(k) >= end_bound):
+            k -= 1
+        if k < 2:
+            return None
+        cum = [(s // BLOCK_SIZE) * n + first[s % BLOCK_SIZE] for s in (k - 1, k)]
+        return k, d0, slope, cum, start(k) >= bound, ctx0, k == rem
+
+    def _fused_run(self, steps: int, d0: float, slope: float, cum: list[int], split: bool, ctx0: float,
+                   finishing: bool) -> Generator[simpy.Event, Any, None]:
+        """Advance a planned run of decode steps in one timeout and log it as one run-length row
+        (two when `split`: the run's last step apart)."""
+        env = self.env
+        n = self.n_running
+        used0 = self.rt.plan.num_blocks - self.free_blocks
+        self.free_blocks -= cum[1]
+        start = env.now
+        waiting = len(self.waiting)
+        total = steps * d0 + slope * (steps * (steps - 1) / 2.0)
+        yield env.timeout(total)
+        self.computed[:n] += steps
+        self.blocks[:n] = -(-self.computed[:n] // BLOCK_SIZE)
+        self.gen[:n] += steps
+        if finishing:
+            self._leave(env.now)
+        used_blocks = self.rt.plan.num_blocks - self.free_blocks
+        if split:
+            self._log_run(start, steps - 1, d0, slope, n, ctx0, used0 + cum[0], waiting)
+            last = (steps - 1) * d0 + slope * ((steps - 1) * (steps - 2) / 2.0)
+            self._log_run(start + last, 1, d0 + (steps - 1) * slope, 0.0, n, ctx0 + (steps - 1) * n, used_blocks,
+                          len(self.waiting))
+        else:
+            self._log_run(start, steps, d0, slope, n, ctx0, used_blocks, waiting)
+
+    def _log_run(self, start: float, steps: int, d0: float, slope: float, n: int, ctx0: float,
+                 used_blocks: int, waiting: int) -> None:
+        """One step row for `steps` pure decode steps of n sequences, the first at context ctx0 and
+        lasting d0, each next one `slope` longer: run-length (count, first duration, slope) when
+        more than one."""
+        cost = self.rt.cost
+        total = steps * d0 + slope * (steps * (steps - 1) / 2.0)
+        ctx_sum = steps * ctx0 + n * (steps * (steps - 1) / 2.0)
+        flops, nbytes = cost.run_sums(float(n), ctx_sum, ctx_sum + steps * n, steps)
+        self.log.append((self.idx, start, total, n, n, 0.0, n * steps, n * steps, 0, used_blocks, waiting,
+                         flops * cost.tp, nbytes * cost.tp, total, 0.0, 0.0, d0, steps, slope if steps > 1 else 0.0))
 
     def _fit_chunk(self, i: int, budget: int, alone: bool = False) -> int:
         """Largest prefill chunk for entry i within the token budget and the free KV blocks;

@@ -44,6 +44,78 @@ def dist(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float]:
     return out
 
 
+def _counts(steps: pd.DataFrame) -> np.ndarray:
+    """Engine steps behind each step row: 1, or n for a run-length row of n fused decode steps."""
+    return steps["count"].to_numpy(np.int64) if "count" in steps else np.ones(len(steps), dtype=np.int64)
+
+
+def _run_index(cnt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, j) of every engine step: the row it is in and its index inside that row."""
+    rows = np.repeat(np.arange(cnt.size), cnt)
+    return rows, np.arange(rows.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+
+
+def step_gaps(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Every engine step's chunk gap and its weight (decoding sequences), run-length rows
+    expanded: step j of a fused run lasted chunk_gap_s + j x gap_step_s (its durations are affine
+    in the context, which grows by decode_seqs tokens a step)."""
+    cnt = _counts(steps)
+    gap = steps.chunk_gap_s.to_numpy(np.float64)
+    w = steps.decode_seqs.to_numpy(np.float64)
+    if (cnt == 1).all():
+        return gap, w
+    # expanded in place: each step's gap, its index in its run times the run's slope added
+    out = np.repeat(gap, cnt)
+    j = np.arange(out.size, dtype=np.float64)
+    j -= np.repeat((np.cumsum(cnt) - cnt).astype(np.float64), cnt)
+    j *= np.repeat(steps.gap_step_s.to_numpy(np.float64), cnt)
+    out += j
+    return out, np.repeat(w, cnt)
+
+
+def step_starts(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, start_s) of every engine step, run-length rows expanded: step j of a fused run
+    starts at start_s + j d0 + slope j (j - 1) / 2 (d0 = chunk_gap_s, slope = gap_step_s)."""
+    cnt = _counts(steps)
+    start = steps.start_s.to_numpy(np.float64)
+    if (cnt == 1).all():
+        return np.arange(cnt.size), start
+    rows, j = _run_index(cnt)
+    d0 = steps.chunk_gap_s.to_numpy(np.float64)[rows]
+    slope = steps.gap_step_s.to_numpy(np.float64)[rows]
+    return rows, start[rows] + j * d0 + slope * (j * (j - 1) / 2.0)
+
+
+def expand_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per engine step (`specrack run --steps full`): each run-length row of n fused
+    decode steps becomes n rows with their own start, duration and chunk gap (closed form, as
+    the unfused engine computes them to rounding), tokens per step (the row's totals / n), and
+    FLOPs and bytes per step as the run's mean (their sums are exact; per step they grow
+    slightly with the context). kv_blocks_used repeats the run's last step (after its
+    completions); waiting is the same at every step of a run. Rows come in the order the steps
+    ended, as the unfused engine logs them."""
+    cnt = _counts(steps)
+    if (cnt == 1).all():
+        return steps.assign(count=1, gap_step_s=0.0) if "count" not in steps else steps.copy()
+    rows, x = step_starts(steps)
+    _, j = _run_index(cnt)
+    out = steps.iloc[rows].reset_index(drop=True)
+    fused = cnt[rows] > 1
+    n = cnt[rows].astype(np.float64)
+    d = out.chunk_gap_s.to_numpy() + j * out.gap_step_s.to_numpy()
+    out["start_s"] = x
+    for c in ("duration_s", "target_s"):
+        out[c] = np.where(fused, d, out[c].to_numpy())
+    for c in ("decode_tokens", "emitted_tokens", "flops", "bytes"):
+        out[c] = out[c].to_numpy() / n
+    out["chunk_gap_s"] = np.where(fused, d, out.chunk_gap_s.to_numpy())
+    out["count"] = 1
+    out["gap_step_s"] = 0.0
+    # in the order the unfused engine logs steps: by the time each ended
+    order = np.argsort(out.start_s.to_numpy() + out.duration_s.to_numpy(), kind="stable")
+    return out.iloc[order].reset_index(drop=True)
+
+
 def request_latencies(req: pd.DataFrame) -> pd.DataFrame:
     """Per-request TTFT, end-to-end latency, TPOT and queueing delay."""
     ttft = req.first_token_s - req.arrival_s
@@ -53,15 +125,49 @@ def request_latencies(req: pd.DataFrame) -> pd.DataFrame:
 
 
 def queue_growth_rps(steps: pd.DataFrame) -> float:
-    """Growth rate of the waiting queue (requests/s): least-squares slope per replica, summed."""
+    """Growth rate of the waiting queue (requests/s): least-squares slope per replica over every
+    engine step's (start, waiting), summed. Run-length rows in closed form (`_run_moments`)."""
     total = 0.0
+    cnt = _counts(steps)
+    fused = bool((cnt > 1).any())
     for _, g in steps.groupby("replica"):
         x = g.start_s.to_numpy(np.float64)
         y = g.waiting.to_numpy(np.float64)
-        if x.size >= 3 and np.ptp(x) > 0:
+        if fused:
+            total += _run_slope(g)
+        elif x.size >= 3 and np.ptp(x) > 0:
             dx = x - x.mean()  # closed-form least squares: no LAPACK, so no thread-dependent rounding
             total += float((dx * (y - y.mean())).sum() / (dx * dx).sum())
     return total
+
+
+def _run_slope(g: pd.DataFrame) -> float:
+    """The least-squares slope of waiting on step start over one replica's steps, with each
+    run-length row's n steps at x_j = s + a j + b j (j - 1) / 2 (a = chunk_gap_s, b = gap_step_s,
+    the same waiting y): the centred sums from power sums of j, without expanding the run."""
+    n = _counts(g).astype(np.float64)
+    if n.sum() < 3:
+        return 0.0
+    s = g.start_s.to_numpy(np.float64)
+    a = g.chunk_gap_s.to_numpy(np.float64) * (n > 1)
+    b = g.gap_step_s.to_numpy(np.float64) * (n > 1)
+    y = g.waiting.to_numpy(np.float64)
+    m = n - 1.0
+    s1 = m * n / 2.0  # sum of j over j = 0..n-1
+    s2 = m * n * (2.0 * m + 1.0) / 6.0
+    s3 = s1 * s1
+    s4 = m * n * (2.0 * m + 1.0) * (3.0 * m * m + 3.0 * m - 1.0) / 30.0
+    q1, jq, qq = (s2 - s1) / 2.0, (s3 - s2) / 2.0, (s4 - 2.0 * s3 + s2) / 4.0  # q_j = j (j - 1) / 2
+    total_n = float(n.sum())
+    x_mean = float((n * s + a * s1 + b * q1).sum()) / total_n
+    y_mean = float((n * y).sum()) / total_n
+    last = s + a * m + b * m * (m - 1.0) / 2.0
+    if not float(last.max()) > float(s.min()):
+        return 0.0
+    u = s - x_mean
+    sx = n * u + a * s1 + b * q1  # per row: sum of (x_j - mean)
+    sxx = n * u * u + 2.0 * u * (a * s1 + b * q1) + a * a * s2 + 2.0 * a * b * jq + b * b * qq
+    return float((sx * (y - y_mean)).sum() / sxx.sum())
 
 
 def in_system(req: pd.DataFrame, times: np.ndarray) -> np.ndarray:
@@ -244,8 +350,8 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     # ITL as vLLM's benchmark measures it: the gap between successive streamed chunks of a request;
     # with steps back to back, a decoding sequence waits one step per chunk, plus the prefill-only
     # steps that ran meanwhile (separate prefill): the step table's chunk_gap_s
-    s["itl_s"] = dist(st.chunk_gap_s.to_numpy(), st.decode_seqs.to_numpy())
-    s["itl_samples"] = int(st.decode_seqs.sum())  # streamed-chunk gaps behind those percentiles
+    s["itl_s"] = dist(*step_gaps(st))
+    s["itl_samples"] = int((st.decode_seqs * _counts(st)).sum())  # streamed-chunk gaps behind those percentiles
     s["e2e_s"] = dist(m.e2e_s.to_numpy())
     s["queue_s"] = dist(m.queue_s.to_numpy())
     offered = int(meas.sum())
@@ -312,8 +418,7 @@ def bench_metrics(req: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:
     many = out_tok > 1
     tpot = (e2el[many] - ttft[many]) / (out_tok[many] - 1)
     # ITL pooled over every streamed-chunk gap: each decoding sequence of a step waited chunk_gap_s
-    gaps = steps.chunk_gap_s.to_numpy()
-    weights = steps.decode_seqs.to_numpy()
+    gaps, weights = step_gaps(steps)
     out: dict[str, float] = {
         "completed": float(len(done)), "duration": duration,
         "total_input_tokens": float(done.prompt_tokens.sum()), "total_output_tokens": float(out_tok.sum()),

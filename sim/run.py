@@ -22,14 +22,15 @@ from simpy.events import URGENT
 
 from models.speculative import acceptance_at_quantile
 from sim.deployment import ReplicaRuntime, check_fits
-from sim.engine import STEP_COLUMNS, Replica, Requests, StepLog
+from sim.engine import STEP_COLUMNS, FuseBound, Replica, Requests, StepLog
 from sim.scenario import Scenario
 from sim.workload import streams
 
 
 def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica], router: str,
-              stop: simpy.Event, backlog_limit: int) -> Generator[simpy.Event, Any, None]:
-    """Replay the request table: one URGENT event per distinct arrival time."""
+              stop: simpy.Event, backlog_limit: int, fuse: FuseBound | None = None) -> Generator[simpy.Event, Any, None]:
+    """Replay the request table: one URGENT event per distinct arrival time (published to
+    `fuse`, when given, as the time before which fused steps must end)."""
     n = times.size
     i = 0
     rr = 0
@@ -40,6 +41,9 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
             ev._ok = True
             ev._value = None
             env.schedule(ev, URGENT, t - env.now)
+            if fuse is not None:
+                fuse.next_arrival_s = env.now + (t - env.now)  # the event's exact time
+                fuse.next_index = i
             yield ev
         while i < n and times[i] <= env.now:
             _route(replicas, router, rr).submit(i)
@@ -48,6 +52,8 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
         if sum(len(r.waiting) for r in replicas) > backlog_limit and not stop.triggered:
             stop.succeed("backlog")
             return
+    if fuse is not None:
+        fuse.next_arrival_s = float("inf")
 
 
 def _route(replicas: list[Replica], router: str, rr: int) -> Replica:
@@ -141,6 +147,7 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     check_fits(sc, rt, table.prompt_tokens.to_numpy(), table.output_tokens.to_numpy())  # all rejected: error
     fits = (table.prompt_tokens + table.output_tokens) <= rt.max_model_len
     rejected = int((~fits).sum())
+    table_arrival_max = float(table.arrival_s.max()) if len(table) else float("nan")
     table = table[fits].reset_index(drop=True)
     arrival = table.arrival_s.to_numpy(np.float64)
     cls = table.cls.to_numpy()
@@ -156,21 +163,27 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     limit *= rt.num_replicas
     replicas: list[Replica] = []
     loop: ClosedLoop | None = None
+    # fused steps never straddle the metric window's ends (warm-up, the last arrival or the
+    # duration), so a run-length step row lies wholly inside or outside it (docs/METRICS.md)
+    cuts = (wl.warmup_s, wl.duration_s, table_arrival_max)
     if concurrency is None:
         # the engine queues a request after the frontend's latency (HTTP, tokenisation); its
         # arrival (the client's send) stays, so TTFT and E2E include the frontend
         queued = arrival + frontend if frontend > 0 else arrival
-        env.process(_arrivals(env, queued, replicas, sc.deployment.router, stop, limit))
-        replicas.extend(Replica(env, i, rt, reqs, rngs[i], log) for i in range(rt.num_replicas))
         drain = sc.sim.drain_s if sc.sim.drain_s is not None else max(wl.duration_s, 600.0)
         horizon = horizon_s if horizon_s is not None else (float(arrival[-1]) if arrival.size else 0.0) + drain
+        fuse = (FuseBound(env, horizon, cuts, routing=(queued, replicas, limit, sc.deployment.router))
+                if sc.sim.fuse_steps else None)
+        env.process(_arrivals(env, queued, replicas, sc.deployment.router, stop, limit, fuse))
+        replicas.extend(Replica(env, i, rt, reqs, rngs[i], log, fuse) for i in range(rt.num_replicas))
     else:
         release = arrival.copy() if gate_arrivals else None
         arrival = reqs.arrival = np.full(arrival.size, np.nan)  # written as the clients send
-        replicas.extend(Replica(env, i, rt, reqs, rngs[i], log) for i in range(rt.num_replicas))
+        horizon = horizon_s if horizon_s is not None else 1e12  # a closed loop ends when its requests are done
+        fuse = FuseBound(env, horizon, cuts, arrivals=False) if sc.sim.fuse_steps else None
+        replicas.extend(Replica(env, i, rt, reqs, rngs[i], log, fuse) for i in range(rt.num_replicas))
         loop = ClosedLoop(env, reqs, replicas, sc.deployment.router, concurrency, think_s, release,
                           np.inf if send_until_s is None else send_until_s, frontend)
-        horizon = horizon_s if horizon_s is not None else 1e12  # a closed loop ends when its requests are done
     bar = Progress(arrival.size, sc.name) if progress else None
     done_ev = env.process(_watch_done(env, reqs, bar, loop))
     env.run(until=simpy.AnyOf(env, [stop, env.timeout(horizon), done_ev]))
@@ -189,7 +202,7 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     })
     req_df.attrs["rejected"] = rejected
     steps = pd.DataFrame(log.table(), columns=list(STEP_COLUMNS))
-    for c in ("replica", "batch_size", "decode_seqs", "k", "kv_blocks_used", "waiting"):
+    for c in ("replica", "batch_size", "decode_seqs", "k", "kv_blocks_used", "waiting", "count"):
         steps[c] = steps[c].astype(np.int64)
     return req_df, steps, truncated, float(env.now)
 

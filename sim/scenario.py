@@ -419,9 +419,15 @@ def slo_key_hint(key: str) -> str:
 class SimSettings(_Strict):
     drain_s: Annotated[float, Field(ge=0)] | None = None  # default: max(duration_s, 600)
     backlog_limit: Annotated[int, Field(ge=1)] | None = None  # waiting requests per replica
+    # advance runs of pure decode steps in one event (exact: docs/PERFORMANCE.md); false: one event per step
+    fuse_steps: bool = True
 
 
 class Scenario(_Strict):
+    """One experiment, as a scenario TOML describes it: the rack, the deployment on it, optional
+    speculative decoding, the workload, the SLO and simulator settings (validated, immutable;
+    `with_overrides` gives a changed copy)."""
+
     name: str = "scenario"
     seed: int = 1
     rack: Rack = Rack()

@@ -17,23 +17,35 @@ import simpy
 from models.catalog import peak_flops
 from sim.capacity import Capacity, baseline_of, capacity
 from sim.deployment import ReplicaRuntime, build_runtime
-from sim.metrics import bench_metrics, summarise
+from sim.metrics import bench_metrics, request_latencies, summarise
 from sim.run import run_table
 from sim.scenario import MAX_REQUESTS, Scenario
 from sim.workload import LengthSampler, generate, think_mean
 
-__all__ = ["Capacity", "Result", "baseline_of", "capacity", "capacity_summary", "run_table", "simulate"]
+__all__ = ["Capacity", "Result", "baseline_of", "capacity", "capacity_summary", "flatten", "run_table", "simulate"]
 
 VERSION = "0.1.0"
 
 
+LATENCY_COLUMNS = ("ttft_s", "tpot_s", "e2e_s")  # per-request latencies added to the requests table
+
+
 @dataclass
 class Result:
+    """One run: the scenario and seed, the requests table (one row per request, with its latencies
+    `ttft_s`, `tpot_s`, `e2e_s`), the steps table (one row per engine step) and the summary
+    (docs/METRICS.md)."""
+
     scenario: Scenario
     seed: int
     requests: pd.DataFrame
     steps: pd.DataFrame
     summary: dict[str, Any]
+
+    def table(self) -> pd.DataFrame:
+        """The summary as a one-row DataFrame with the flat column names of a sweep's results
+        table (`ttft_s_p99`, `slo_ttft_p99_s_met`, ...; see `flatten`), plus `seed`."""
+        return pd.DataFrame([flatten(self.summary)])
 
     def write(self, out: str | Path) -> Path:
         """Write requests.parquet, steps.parquet and summary.json into `out`."""
@@ -43,6 +55,25 @@ class Result:
         self.steps.to_parquet(out / "steps.parquet", index=False)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, default=_json_default))
         return out
+
+
+def flatten(summary: dict[str, Any]) -> dict[str, Any]:
+    """Summary dict to one flat row: nested latencies become `ttft_s_p99` etc. (the scenario and
+    versions are left out)."""
+    row: dict[str, Any] = {}
+    for k, v in summary.items():
+        if k in ("scenario", "versions"):
+            continue
+        if isinstance(v, dict):
+            for kk, vv in v.items():
+                if isinstance(vv, dict):  # SLO checks: slo_ttft_p99_s_value, ..._target, ..._met
+                    for kkk, vvv in vv.items():
+                        row[f"{k}_{kk}_{kkk}"] = vvv
+                else:
+                    row[f"{k}_{kk}"] = vv
+        else:
+            row[k] = v
+    return row
 
 
 def _json_default(o: Any) -> Any:
@@ -120,6 +151,9 @@ def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False, w
     s["scenario"] = sc.model_dump(mode="json")
     s["seed"] = seed
     s["versions"] = versions()
+    lat = request_latencies(req)  # the latencies behind the summary's percentiles, per request
+    for col in LATENCY_COLUMNS:
+        req[col] = lat[col].to_numpy(np.float64)
     return Result(sc, seed, req, steps, s)
 
 

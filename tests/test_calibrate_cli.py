@@ -19,6 +19,7 @@ from experiments.calibrate import LoadPoint, compare, lengths_from, scenario_for
 from experiments.calibrate_report import CAL_METRICS, calibrate, calibration_scenario, fitted_figures
 from experiments.cli import main
 from experiments.engine_anchors import sharegpt_like
+from models.engines import get_profile
 from sim.deployment import build_runtime
 from sim.scenario import load_scenario
 
@@ -63,9 +64,12 @@ def test_recovers_known_factors_from_simulated_files(tmp_path: Path) -> None:
     assert point.num_prompts == 200 and point.request_rate == 4.0 and point.max_concurrency is None
     assert read_benchmark(paths[3]).max_concurrency == 32
     sc = scenario_for("vllm-v1", "llama-3.1-8b", "h100-sxm", 1)
-    cal = calibrate(paths, sc, seeds=(1,), start={"step_overhead_s": 2e-3, "seq_overhead_s": 2e-5})
+    start = {"step_overhead_s": 2e-3, "seq_overhead_s": 2e-5, "frontend_s": 0.02}
+    cal = calibrate(paths, sc, seeds=(1,), start=start)
     f = cal.fit.factors
-    assert cal.start == {"step_overhead_s": 2e-3, "seq_overhead_s": 2e-5}  # a different start
+    assert cal.start == start  # a different start
+    # the frontend latency (the profile's, which the files were simulated with) shifts every TTFT
+    assert f["frontend_s"] == pytest.approx(get_profile("vllm-v1").software["frontend_s"], rel=0.10)
     assert f["step_overhead_s"] == pytest.approx(TRUTH["step_overhead_s"], rel=0.10)
     assert f["seq_overhead_s"] == pytest.approx(TRUTH["seq_overhead_s"], rel=0.20)
     at32 = f["step_overhead_s"] + 32 * f["seq_overhead_s"]

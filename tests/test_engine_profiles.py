@@ -17,6 +17,7 @@ from models.engines import ALIASES, DEFAULT_PROFILE, PROFILES, efficiency_for, g
 from models.errors import ConfigError
 from sim.deployment import build_runtime
 from sim.engine import Replica, Requests, StepLog
+from sim.metrics import expand_steps
 from sim.simulate import simulate
 
 
@@ -87,7 +88,7 @@ def test_whole_prompts_without_chunked_prefill(make_scenario) -> None:
 
 def test_multi_step_scheduling_runs_decodes_in_groups(make_scenario) -> None:
     _, res = _run(make_scenario, "vllm-0.6", rate=4.0, scheduler_steps=4)
-    is_dec = (res.steps.decode_seqs > 0).to_numpy()
+    is_dec = (expand_steps(res.steps).decode_seqs > 0).to_numpy()  # one row per step (fused runs expanded)
     runs, n = [], 0
     for d in is_dec:
         if d:
@@ -102,15 +103,17 @@ def test_multi_step_scheduling_runs_decodes_in_groups(make_scenario) -> None:
 
 def test_itl_counts_the_prefill_steps_a_decode_waited_through(make_scenario) -> None:
     _, sep = _run(make_scenario, "vllm-0.6", rate=4.0)
-    dec = sep.steps[sep.steps.decode_seqs > 0]
+    steps = expand_steps(sep.steps)  # one row per step (fused runs expanded)
+    dec = steps[steps.decode_seqs > 0]
     assert (dec.chunk_gap_s >= dec.duration_s - 1e-15).all()
     assert (dec.chunk_gap_s > dec.duration_s * 1.5).sum() > 10  # some decodes waited through prefills
     # the stalls are exactly the prefill-only steps run while sequences were waiting to decode
     stalled = (dec.chunk_gap_s - dec.duration_s).sum()
-    pre_only = sep.steps[(sep.steps.decode_seqs == 0)].duration_s.sum()
+    pre_only = steps[(steps.decode_seqs == 0)].duration_s.sum()
     assert 0 < stalled <= pre_only + 1e-9
     _, mixed = _run(make_scenario, "vllm-v1", rate=4.0)
-    d = mixed.steps[mixed.steps.decode_seqs > 0]
+    d = expand_steps(mixed.steps)
+    d = d[d.decode_seqs > 0]
     assert (d.chunk_gap_s == d.duration_s).all()
     assert sep.summary["itl_s"]["p99"] > sep.summary["tpot_s"]["p99"]
 

@@ -490,6 +490,7 @@ def test_plan_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[s
     for key in ("ttft_p99_s", "tpot_p99_s"):
         assert {f"slo_{key}_value", f"slo_{key}_target", f"slo_{key}_met"} <= set(plan.columns)
     assert {"simulated_rate_rps", "judged_requests", "itl_samples", "verdict", "binding_slo"} <= set(plan.columns)
+    assert (plan.engine_profile == "vllm-v1").all()  # every row names the engine profile it was planned on
     # the effective inputs echoed on stderr, and a loud warning: 6 req/s x 35 s measured is ~210 requests
     for word in ("model: llama-3.1-70b, TP4", "SLO: p99 TTFT <= 2 s, p99 TPOT <= 200 ms", "tail-quality floor: 0.9",
                  "prices: h100-sxm $2.5/h", "traffic: 6.00 req/s", "simulated: 150 s per run"):

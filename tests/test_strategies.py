@@ -15,6 +15,7 @@ import pytest
 from models.errors import ConfigError
 from models.speculative import expected_tokens, improvement_factor
 from sim.deployment import build_runtime
+from sim.metrics import expand_steps
 from sim.scenario import Scenario, load_scenario, scenario_from_dict
 from sim.simulate import baseline_of, capacity, simulate
 
@@ -224,7 +225,8 @@ def test_adaptive_k0_is_baseline_plus_machinery_overhead() -> None:
     P = 256
     base = _one_slot(None, prompt=P, output=64, num_requests=5, rate_rps=1.0)
     adaptive = base.with_overrides({"speculative": {**DRAFT, "num_speculative_tokens": 0, "policy": "adaptive"}})
-    sb, sa = simulate(base, seed=1).steps, simulate(adaptive, seed=1).steps
+    # one row per step (the baseline's fused decode runs expanded)
+    sb, sa = expand_steps(simulate(base, seed=1).steps), expand_steps(simulate(adaptive, seed=1).steps)
     assert (sa.k == 0).all()
     db, da = sb[sb.prefill_tokens == 0], sa[sa.prefill_tokens == 0]
     assert len(da) == len(db) == 5 * 63

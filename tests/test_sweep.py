@@ -123,6 +123,8 @@ def test_quick_report_is_self_contained(quick: dict[str, Any]) -> None:
     for chart in ("latency", "cost", "quality", "utilisation"):
         assert f'id="chart-{chart}"' in html
     assert '<ul id="summary"><li>' in html
+    assert "engine profile vllm-v1" in html  # the report names the engine profile
+    assert (quick["df"].engine_profile == "vllm-v1").all()  # and so does every row
 
 
 def test_draft_speeds_up_tpot_but_not_ttft_at_low_load(quick: dict[str, Any]) -> None:

@@ -1,0 +1,56 @@
+"""Static images of the reports' figures (`--png` / `--svg` on sweep, plan and compare), through
+plotly's `fig.write_image`, which needs Kaleido: the optional `images` extra."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from models.errors import ConfigError
+
+IMAGES_HINT = "pip install -e '.[images]'"
+FORMATS = ("png", "svg")
+
+
+def image_formats(a: Any) -> list[str]:
+    """The formats asked for on the command line (`--png`, `--svg`)."""
+    return [f for f in FORMATS if getattr(a, f, False)]
+
+
+def check_images() -> None:
+    """A one-line error naming the extra when Kaleido is missing (call it before any work)."""
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"--png/--svg need Kaleido to export static images: {IMAGES_HINT}") from None
+
+
+def write_images(figs: list[tuple[str, Any]], out: Path, formats: list[str], stem: str) -> list[Path]:
+    """Write each (name, figure) as OUT/<stem>-<name>.<format>; the paths written."""
+    if not formats:
+        return []
+    check_images()
+    paths = []
+    for fmt in formats:
+        for name, fig in figs:
+            p = out / f"{stem}-{name}.{fmt}"
+            try:
+                fig.write_image(str(p), format=fmt)
+            except Exception as err:  # Kaleido present but unable to run (too old for plotly, no Chrome, ...)
+                text = (str(err).strip().splitlines() or [""])[0]
+                raise ConfigError(f"--{fmt}: Kaleido failed to export {p.name} ({type(err).__name__}: {text[:160]}); "
+                                  f"check the Kaleido install ({IMAGES_HINT}; Kaleido 1.x also needs Chrome or "
+                                  "Chromium)") from None
+            paths.append(p)
+    return paths
+
+
+def plan_images(out: Path, formats: list[str]) -> list[Path]:
+    """The plan report's figures, from the analyses' tables `specrack plan` wrote into OUT."""
+    import pandas as pd
+
+    from experiments.plan_report import plan_figures
+
+    tables = {k: pd.read_csv(out / f"{k}.csv") for k in ("curves", "map", "shift", "retraining")
+              if (out / f"{k}.csv").is_file() and (out / f"{k}.csv").stat().st_size > 1}
+    return write_images(plan_figures(tables), out, formats, "report")
