@@ -11,7 +11,7 @@ benchmark's reported average input and output tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -53,7 +53,6 @@ class Anchor:
     note: str = ""
     role: str = "fit"  # "fit" | "check"
     seed: int = 0  # of the drawn lengths
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def load_points(self) -> list[LoadPoint]:
         out = []
