@@ -159,9 +159,12 @@ class Requests:
         self.unit_key = np.zeros(0, dtype=np.int64)
         self.unit_cum = np.zeros(0, dtype=np.int64)
         self.unit_nb = np.zeros(0, dtype=np.int64)
-        self.cached_tokens = np.zeros(n, dtype=np.int64)  # prefill tokens served from the cache (all admissions)
+        self.cached_tokens = np.zeros(n, dtype=np.int64)  # prompt tokens found cached at the first admission
+        self.prefill_cached = np.zeros(n, dtype=np.int64)  # prefill tokens served from the cache (all admissions)
         self.prefill_computed = np.zeros(n, dtype=np.int64)  # prefill tokens computed (all admissions)
-        self.prefill_tokens = np.zeros(n, dtype=np.int64)  # tokens to prefill, summed over admissions
+        # tokens the admissions prefilled, cached or computed: the prompt, plus after a preemption what
+        # was prefilled before it and the prompt + output so far again (prefill_cached + computed = this)
+        self.prefill_tokens = np.zeros(n, dtype=np.int64)
 
     def set_units(self, keys: list[np.ndarray], blocks: list[np.ndarray]) -> None:
         """Give each request its cache units: unit keys and the full KV blocks each covers."""
@@ -297,7 +300,9 @@ class Replica:
         self.computed[i] = blocks * BLOCK_SIZE  # the prefill starts at the first uncached block
         self.blocks[i] = self.c_blocks[i] = blocks
         self.n_units[i] = h
-        reqs.cached_tokens[rid] += blocks * BLOCK_SIZE
+        if np.isnan(reqs.scheduled[rid]):  # the first admission (set just after it)
+            reqs.cached_tokens[rid] = blocks * BLOCK_SIZE
+        reqs.prefill_cached[rid] += blocks * BLOCK_SIZE
         reqs.prefill_tokens[rid] += target
 
     def _register(self, i: int) -> None:
@@ -314,22 +319,42 @@ class Replica:
             self.n_units[i] = u1
             self.c_blocks[i] = int(cum[u1 - 1])
 
-    def _release(self, i: int) -> int:
+    def kv_accounting(self) -> dict[str, int]:
+        """The paged-KV pool by use (for tests): blocks private to running sequences, cached and
+        referenced, cached and unreferenced (free capacity), and the engine's free blocks; private +
+        referenced + free = the pool, always."""
+        n = self.n_running
+        cache = self.cache
+        private = int(self.blocks[:n].sum())
+        referenced = 0
+        if cache is not None:
+            private -= int(self.c_blocks[:n].sum())
+            referenced = sum(cache.nb[k] for k, r in cache.ref.items() if r > 0)
+        return {"private": private, "referenced": referenced, "evictable": cache.evictable if cache else 0,
+                "free": self.free_blocks, "pool": self.rt.plan.num_blocks}
+
+    def _release(self, i: int) -> None:
         """Entry i leaves (finished or preempted): its full units are cached, its private blocks
-        freed, its references dropped. Returns the blocks that became free (free capacity)."""
+        freed, its references dropped (units nobody references become free capacity)."""
         cache = self.cache
         assert cache is not None
         self._register(i)
         keys = self._units(int(self.rid[i]))[0]
         cache.reclaim(self.free_blocks)
-        return int(self.blocks[i] - self.c_blocks[i]) + cache.release(keys[: int(self.n_units[i])])
+        freed = int(self.blocks[i] - self.c_blocks[i]) + cache.release(keys[: int(self.n_units[i])])
+        self.free_blocks += freed
 
     def _preempt_youngest(self) -> None:
         """Preempt by recompute the most recently admitted sequence (the last entry)."""
         i = self.n_running - 1
         self._sync(slice(i, i + 1))
         rid = int(self.rid[i])
-        self.free_blocks += int(self.blocks[i]) if self.cache is None else self._release(i)
+        if self.cache is None:
+            self.free_blocks += int(self.blocks[i])
+        else:
+            # a prefill cut short stood for only the tokens it got to (cached or computed)
+            self.reqs.prefill_tokens[rid] -= max(0, int(self.target[i] - self.computed[i]))
+            self._release(i)
         self.reqs.preemptions[rid] += 1
         self.waiting.appendleft(rid)
         self.n_running = i
@@ -454,9 +479,10 @@ class Replica:
             c = self._fit_chunk(i, budget, budget == full)
             if np.isnan(reqs.scheduled[rid]):
                 reqs.scheduled[rid] = self.env.now
-            chunk_idx.append(i)
-            chunks.append(c)
-            budget -= c
+            if c > 0:  # 0 only when a prefix-cache hit took the last free blocks: it waits for more
+                chunk_idx.append(i)
+                chunks.append(c)
+                budget -= c
         return chunk_idx, chunks
 
     def _fits_whole(self, rid: int, budget: int, alone: bool) -> bool:
@@ -617,7 +643,7 @@ class Replica:
                 self.free_blocks += int(self.blocks[f].sum())
             else:
                 for j in f.tolist():
-                    self.free_blocks += self._release(j)
+                    self._release(j)
             self._compact(~fin)
             if reqs.on_complete is not None:
                 reqs.on_complete(int(f.size))

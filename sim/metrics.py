@@ -404,21 +404,23 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
 
 
 def prefix_cache_metrics(req: pd.DataFrame, lat: pd.DataFrame) -> dict[str, Any]:
-    """Prefix caching over the measured requests (docs/METRICS.md, 'Prefix caching'): the token
-    hit rate (cached / tokens to prefill, all admissions), the share of requests that hit, the
-    prefill tokens saved and computed, and TTFT split by hit (some prompt tokens cached) and miss."""
-    cached = req.cached_tokens.to_numpy(np.float64)
-    total = float(req.prefill_tokens.sum())
+    """Prefix caching over the measured requests that were admitted (docs/METRICS.md, 'Prefix
+    caching'): the token hit rate (prompt tokens found cached at the first admission / prompt
+    tokens, what a trace's hash arithmetic counts), the share of requests that hit, the prefill
+    tokens saved and computed (all admissions, re-admissions after preemption included), and TTFT
+    split by hit (some prompt tokens cached) and miss."""
     admitted = req.prefill_tokens.to_numpy() > 0
+    cached = req.cached_tokens.to_numpy(np.float64)[admitted]
+    prompt = float(req.prompt_tokens.to_numpy(np.float64)[admitted].sum())
     hit = cached > 0
-    ttft = lat.ttft_s.to_numpy(np.float64)
+    ttft = lat.ttft_s.to_numpy(np.float64)[admitted]
     return {
-        "cache_hit_rate": float(cached.sum()) / total if total else float("nan"),
-        "cache_request_hit_rate": float(hit[admitted].mean()) if admitted.any() else float("nan"),
-        "prefill_tokens_saved": int(cached.sum()),
+        "cache_hit_rate": float(cached.sum()) / prompt if prompt else float("nan"),
+        "cache_request_hit_rate": float(hit.mean()) if hit.size else float("nan"),
+        "prefill_tokens_saved": int(req.prefill_cached_tokens.sum()),
         "prefill_tokens_computed": int(req.prefill_computed_tokens.sum()),
         "ttft_hit_s": dist(ttft[hit]),
-        "ttft_miss_s": dist(ttft[admitted & ~hit]),
+        "ttft_miss_s": dist(ttft[~hit]),
     }
 
 

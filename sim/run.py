@@ -66,14 +66,14 @@ AFFINITY_BALANCE_REL = 1.5  # ... and max exceeds min x this: then least outstan
 def _route(replicas: list[Replica], router: str, rr: int, rid: int) -> Replica:
     if router == "round_robin":
         return replicas[rr % len(replicas)]
-    least = min(replicas, key=Replica.outstanding)
     if router == "least_outstanding" or len(replicas) == 1:
-        return least
+        return min(replicas, key=Replica.outstanding)
     # prefix_affinity (SGLang's cache-aware router): while the replicas are balanced, the one
     # holding the longest cached prefix of the prompt (ties: fewer outstanding, then lower index),
     # if it holds at least AFFINITY_MIN_MATCH of the prompt; otherwise least outstanding
     loads = [r.outstanding() for r in replicas]
     lo, hi = min(loads), max(loads)
+    least = replicas[loads.index(lo)]
     if hi - lo > AFFINITY_BALANCE_ABS and hi > lo * AFFINITY_BALANCE_REL:
         return least
     match = [r.prefix_match_tokens(rid) for r in replicas]
@@ -230,6 +230,7 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
             req_df[col] = table[col].to_numpy()
     if units:  # prefix caching: what each request found cached and computed (docs/METRICS.md)
         req_df["cached_tokens"] = reqs.cached_tokens
+        req_df["prefill_cached_tokens"] = reqs.prefill_cached
         req_df["prefill_computed_tokens"] = reqs.prefill_computed
         req_df["prefill_tokens"] = reqs.prefill_tokens
     req_df.attrs["rejected"] = rejected

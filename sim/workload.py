@@ -1,9 +1,9 @@
 """Workloads, generated before the run as a table, from named random streams of one seed.
 
 Streams (numpy SeedSequence.spawn, in this fixed order): arrivals, prompt lengths, output lengths,
-traffic classes, acceptance quantiles, engine (acceptance draws), think (closed-loop think times),
-conversations (multi-turn growth and turn gaps); each new one last, so that adding it left every
-other stream's values as they were.
+traffic classes, acceptance quantiles, engine (acceptance draws), think (closed-loop think times;
+last, so that adding it left every other stream's values as they were); multi-turn conversations
+use one more, `conversation_stream` (child CONVERSATION_STREAM of the same SeedSequence).
 
 Requests that carry block hashes (a Mooncake trace's `hash_ids`, synthetic conversations) get
 two object columns, `unit_keys` and `unit_blocks`: their prefix-cache units (sim/prefix_cache.py). Changing the strategy
@@ -40,9 +40,17 @@ from sim.scenario import (
 )
 from sim.traces import empirical_lengths, hash_units, load_trace, scale_to_rate, trace_rate_rps
 
-STREAMS = ("arrivals", "prompt", "output", "classes", "acceptance", "engine", "think", "conversations")
+STREAMS = ("arrivals", "prompt", "output", "classes", "acceptance", "engine", "think")
+# multi-turn conversations draw growth and turn gaps from a stream of their own, child 100 of the
+# seed's SeedSequence (far past STREAMS, so streams appended there never coincide with it)
+CONVERSATION_STREAM = 100
 Z90 = 1.2815515655446004  # standard normal 90th percentile
 MEAN_QUANTILES = 20_000  # midpoint quantiles that integrate a rounded, clipped lognormal's mean
+
+
+def conversation_stream(seed: int) -> np.random.Generator:
+    """The conversations' generator (growth tokens, turn gaps), independent of every named stream."""
+    return np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(CONVERSATION_STREAM,)))
 
 
 def streams(seed: int) -> dict[str, np.random.Generator]:
@@ -126,7 +134,7 @@ def think_mean(think: FixedThink | ExponentialThink | None) -> float:
 
 
 def conversations(conv: Conversations, wl: Workload, rs: dict[str, np.random.Generator], rate_rps: float,
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                  rc: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Multi-turn conversations, open loop: (arrival, prompt, output, conversation, turn) per request,
     sorted by arrival. Conversations start at rate_rps / turns (the workload's arrival process);
     turn 1's prompt and every output come from the workload's length distributions; turn t + 1
@@ -141,7 +149,6 @@ def conversations(conv: Conversations, wl: Workload, rs: dict[str, np.random.Gen
     m = start.size
     first = LengthSampler(wl.prompt_tokens, "prompt_tokens").sample(rs["prompt"], m)
     output = LengthSampler(wl.output_tokens, "output_tokens").sample(rs["output"], m * t).reshape(m, t)
-    rc = rs["conversations"]
     growth = LengthSampler(conv.growth_tokens, "prompt_tokens").sample(rc, m * (t - 1)).reshape(m, t - 1)
     gaps = think_times(conv.turn_gap_s, rc, m * (t - 1)).reshape(m, t - 1)
     prompt = np.empty((m, t), dtype=np.int64)
@@ -212,7 +219,8 @@ def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | Non
             units = hash_units(df.hash_ids.to_list(), prompt, BLOCK_SIZE)
     elif wl.conversations is not None:
         assert rate_rps is not None
-        arrival, prompt, output, conv_id, turn = conversations(wl.conversations, wl, rs, rate_rps)
+        arrival, prompt, output, conv_id, turn = conversations(wl.conversations, wl, rs, rate_rps,
+                                                               conversation_stream(seed))
         units = conversation_units(prompt, output, conv_id)
     else:
         if wl.closed:
