@@ -140,6 +140,11 @@ def _run(a: argparse.Namespace) -> int:
           f"{verdict}{' (' + s['verdict_reason'] + ')' if s['verdict_reason'] else ''} -> {out}")
     print(f"  capacity {s['capacity_rps']:.2f} req/s" + (f", with speculation {s['speculative_capacity_rps']:.2f}"
                                                         if "speculative_capacity_rps" in s else ""))
+    if "cache_hit_rate" in s:  # prefix caching acted (requests carry block hashes)
+        print(f"  prefix cache: {s['cache_hit_rate']:.1%} of prompt tokens cached ({s['cache_request_hit_rate']:.0%} of "
+              f"requests hit), {s['prefill_tokens_saved']:,} prefill tokens saved, {s['prefill_tokens_computed']:,} "
+              f"computed; TTFT mean {s['ttft_hit_s']['mean'] * 1e3:.0f} ms on a hit, "
+              f"{s['ttft_miss_s']['mean'] * 1e3:.0f} ms on a miss")
     if s["loop"] != "open":
         _print_benchmark(s)
     for name, c in s["slo"].items():

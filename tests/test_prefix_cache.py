@@ -378,3 +378,31 @@ def test_mooncake_replay_with_and_without_caching(make_scenario) -> None:
     assert max(s["affinity"]["ttft_s"]["mean"], s["least"]["ttft_s"]["mean"]) < s["off"]["ttft_s"]["mean"]
     assert s["affinity"]["prefill_tokens_saved"] + s["affinity"]["prefill_tokens_computed"] == req.prefill_tokens.sum()
     assert "cache_hit_rate" not in s["off"]
+
+
+# ----------------------------------------------------------------------------- the bundled scenario
+
+MOONCAKE_SCENARIO = ROOT / "experiments" / "scenarios" / "traces" / "mooncake-prefix-cache.toml"
+
+
+@needs_mooncake
+def test_bundled_mooncake_scenario_validates() -> None:
+    from sim.scenario import load_scenario
+
+    sc = load_scenario(MOONCAKE_SCENARIO, {"workload.trace_end_s": 60.0, "workload.duration_s": 60.0,
+                                           "workload.warmup_s": 0.0})
+    assert sc.deployment.prefix_caching and sc.deployment.router == "prefix_affinity"
+    assert "unit_keys" in generate(sc.workload, 1, None)
+
+
+def test_bundled_mooncake_scenario_without_the_trace_is_one_line(tmp_path, capsys) -> None:
+    """Away from ../shared (a copy elsewhere: its relative trace path leads nowhere), one line, exit 2."""
+    from helpers import one_line_error
+
+    from experiments.cli import main
+
+    copy = tmp_path / "mooncake-prefix-cache.toml"
+    copy.write_text(MOONCAKE_SCENARIO.read_text())
+    assert main(["validate", str(copy)]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert "trace file not found" in line and "conversation_trace.jsonl" in line
