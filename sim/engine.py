@@ -16,6 +16,13 @@ Each step, in this order (vLLM v1-like):
 3. the step lasts the cost model's time for that batch (plus draft passes and machinery overhead
    when speculating); at its end tokens are emitted, finished sequences leave.
 
+Prefix caching (sim/prefix_cache.py; only when requests carry block hashes, decided once per
+replica): in step 2 an admitted request first references its longest cached prefix and its
+prefill starts after it; in step 3 the full blocks the step's prefill chunks completed join the
+cache, and a leaving (or, in step 1, a preempted) sequence caches its remaining full blocks and
+drops its references. `free_blocks` counts unreferenced cached blocks as free; the cache evicts
+them (LRU) when the engine has taken more than the truly free ones.
+
 State lives in fixed-size numpy slot arrays, so per-step work is independent of history.
 """
 

@@ -145,8 +145,9 @@ def _read_mooncake(path: Path, name: str) -> pd.DataFrame:
                     raise ConfigError(f"{name} line {n}: missing field '{key}'; each object needs "
                                       f"{', '.join(_HEADERS['mooncake'])} (hash_ids optional)")
             hashes = obj.get("hash_ids", [])
-            if not isinstance(hashes, list):
-                raise ConfigError(f"{name} line {n}: hash_ids={_show(hashes)} must be a list of integers")
+            if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes):
+                raise ConfigError(f"{name} line {n}: hash_ids={_show(hashes)} must be a list of integers "
+                                  "(one prefix-block hash per 512 prompt tokens); fix or drop that row")
             rows.append({**obj, "hash_ids": " ".join(str(h) for h in hashes)})
             lines.append(n)
     if not rows:
@@ -282,11 +283,7 @@ def hash_units(hash_ids: list[str], prompt_tokens: np.ndarray, kv_block: int,
             nb = min(per, (int(tokens) - p * tokens_per_hash) // kv_block)
             if nb <= 0:
                 break
-            try:
-                h = int(ids[p])
-            except ValueError:
-                raise ConfigError(f"hash_ids entry '{_show(ids[p])}' is not an integer; fix the trace") from None
-            parent = intern.setdefault((parent, h, nb), len(intern))
+            parent = intern.setdefault((parent, int(ids[p]), nb), len(intern))  # ids: integers (the loader checked)
             ks.append(parent)
             bs.append(nb)
             if nb < per:

@@ -406,3 +406,43 @@ def test_bundled_mooncake_scenario_without_the_trace_is_one_line(tmp_path, capsy
     assert main(["validate", str(copy)]) == 2
     line = one_line_error(capsys.readouterr().err)
     assert "trace file not found" in line and "conversation_trace.jsonl" in line
+
+
+def test_readme_prefix_caching_example_validates(make_scenario) -> None:
+    import re
+    import tomllib
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"### Prefix caching and multi-turn conversations\n\n```toml\n(.*?)```", text, re.S)
+    assert block is not None
+    data = tomllib.loads(block.group(1))
+    sc = make_scenario(rack={"num_gpus": 8}, **data)
+    assert sc.workload.conversations is not None and sc.deployment.router == "prefix_affinity"
+
+
+@pytest.mark.parametrize(("hashes", "ok"), [("[0, 1, 2]", True), ('["a", 1]', False), ("[0, true]", False),
+                                             ("[1.5]", False), ('"0 1"', False)])
+def test_mooncake_hash_ids_must_be_integers(tmp_path, hashes: str, ok: bool) -> None:
+    from sim.traces import load_trace
+
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [0, 1, 2]}\n'
+                 f'{{"timestamp": 10, "input_length": 1100, "output_length": 5, "hash_ids": {hashes}}}\n')
+    if ok:
+        assert load_trace(p).hash_ids.tolist() == ["0 1 2", "0 1 2"]
+        return
+    with pytest.raises(ConfigError, match=r"line 2: hash_ids=.* must be a list of integers") as err:
+        load_trace(p)
+    assert "\n" not in str(err.value)
+
+
+def test_mooncake_units_from_hash_ids() -> None:
+    """Spans of 512 tokens = 32 blocks; the partial last span keeps its full blocks; ids past the
+    prompt are ignored; a prompt under one block has none; keys are chained (same id after a
+    different parent: another key)."""
+    from sim.traces import hash_units
+
+    keys, blocks = hash_units(["7 8 9", "7 8 9 10", "7 8", "5 8", "3"], np.array([1100, 1030, 600, 1024, 10]), 16)
+    assert [b.tolist() for b in blocks] == [[32, 32, 4], [32, 32, 0][:2], [32, 5], [32, 32], []]
+    assert keys[0][:2].tolist() == keys[1].tolist() and keys[2][0] == keys[0][0] and keys[2][1] != keys[0][1]
+    assert keys[3][1] != keys[0][1]  # id 8 after another parent
