@@ -446,3 +446,12 @@ def test_mooncake_units_from_hash_ids() -> None:
     assert [b.tolist() for b in blocks] == [[32, 32, 4], [32, 32, 0][:2], [32, 5], [32, 32], []]
     assert keys[0][:2].tolist() == keys[1].tolist() and keys[2][0] == keys[0][0] and keys[2][1] != keys[0][1]
     assert keys[3][1] != keys[0][1]  # id 8 after another parent
+
+
+def test_run_prints_the_cache_figures(make_scenario) -> None:
+    from experiments.cli import cache_line
+
+    s = simulate(make_scenario(workload={"rate_rps": 2.0, "duration_s": 60.0, "conversations": CONV}), 1).summary
+    line = cache_line(s)
+    assert f"{s['cache_hit_rate']:.1%} of prompt tokens cached" in line and f"{s['prefill_tokens_saved']:,}" in line
+    assert "none on a miss" in cache_line({**s, "ttft_miss_s": {"mean": float("nan")}})
