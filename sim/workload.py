@@ -138,7 +138,8 @@ def conversations(conv: Conversations, wl: Workload, rs: dict[str, np.random.Gen
     """Multi-turn conversations, open loop: (arrival, prompt, output, conversation, turn) per request,
     sorted by arrival. Conversations start at rate_rps / turns (the workload's arrival process);
     turn 1's prompt and every output come from the workload's length distributions; turn t + 1
-    is sent a `turn_gap_s` after turn t, its prompt turn t's prompt + output + growth_tokens."""
+    is sent a `turn_gap_s` after turn t, its prompt turn t's prompt + output + growth_tokens. With
+    num_requests n: ceil(n / turns) conversations, and their first n turns by arrival."""
     t = conv.turns
     rate_c = rate_rps / t
     n_c = None if wl.num_requests is None else -(-wl.num_requests // t)
@@ -149,8 +150,11 @@ def conversations(conv: Conversations, wl: Workload, rs: dict[str, np.random.Gen
     m = start.size
     first = LengthSampler(wl.prompt_tokens, "prompt_tokens").sample(rs["prompt"], m)
     output = LengthSampler(wl.output_tokens, "output_tokens").sample(rs["output"], m * t).reshape(m, t)
-    growth = LengthSampler(conv.growth_tokens, "prompt_tokens").sample(rc, m * (t - 1)).reshape(m, t - 1)
-    gaps = think_times(conv.turn_gap_s, rc, m * (t - 1)).reshape(m, t - 1)
+    # growth and gaps from two children of the stream, row by row: conversation i's draws do not
+    # depend on how many conversations there are (a longer run starts with the same ones)
+    rc_growth, rc_gap = rc.spawn(2)
+    growth = LengthSampler(conv.growth_tokens, "prompt_tokens").sample(rc_growth, m * (t - 1)).reshape(m, t - 1)
+    gaps = think_times(conv.turn_gap_s, rc_gap, m * (t - 1)).reshape(m, t - 1)
     prompt = np.empty((m, t), dtype=np.int64)
     arrival = np.empty((m, t), dtype=np.float64)
     prompt[:, 0], arrival[:, 0] = first, start

@@ -210,6 +210,11 @@ def test_conversation_rate_counts_every_turn(make_scenario) -> None:
     assert np.all(np.diff(t.arrival_s) >= 0) and (t.arrival_s < 2000.0).all()
     assert len(t) / 2000.0 == pytest.approx(4.0, rel=0.06)  # turns past the end are cut: a little under
     assert "think" not in t and t.turn.max() == 4
+    # sized by num_requests: the first that many turns by arrival of the first ceil(n / turns)
+    # conversations, which are the longer run's first conversations (draws per conversation)
+    n = generate(make_scenario(workload={"rate_rps": 4.0, "num_requests": 50, "conversations": CONV}).workload, 1, 4.0)
+    assert len(n) == 50 and np.all(np.diff(n.arrival_s) >= 0) and n.conversation.max() == 12
+    assert set(n.arrival_s) <= set(t.arrival_s) and set(n.prompt_tokens) <= set(t.prompt_tokens)
 
 
 @pytest.mark.parametrize(("bad", "field"), [
