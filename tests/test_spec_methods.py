@@ -7,6 +7,7 @@ long-context result as a check (never fitted), and one-line errors for bad input
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,8 @@ from models.speculative import DraftShape, expected_tokens
 from sim.deployment import build_runtime
 from sim.scenario import Scenario, scenario_from_dict
 from sim.simulate import simulate
+
+ROOT_SWEEPS = Path(__file__).resolve().parents[1] / "experiments" / "sweeps"
 
 
 def _one_slot(spec: dict[str, Any] | None, *, acceptance: float = 0.8, prompt: int = 128, output: int = 1500,
@@ -244,3 +247,24 @@ def test_bad_method_input_is_one_line_naming_the_field(spec: dict[str, Any], cls
                             "workload": {"rate_rps": 1.0, "classes": [cls]}, "speculative": spec})
     msg = str(err.value)
     assert "\n" not in msg and needle in msg, msg
+
+
+# ----------------------------------------------------------------------------- the bundled long-context sweep
+
+
+def test_long_context_sweep_quick(tmp_path: Any) -> None:
+    """The bundled long-context sweep (--quick: 8 and 64 closed-loop clients, 8K-32K prompts):
+    the windowed self-draft's TPOT speedup rises with the clients, from below 1 (at 8 clients the
+    self-draft's passes read the whole target's weights for little KV saved) to above the
+    standalone draft's at 64."""
+    from experiments.analysis import speedups
+    from experiments.sweep import load_sweep, run_sweep
+
+    spec = load_sweep(ROOT_SWEEPS / "long-context.toml", quick=True)
+    assert spec.axis == "concurrency" and [v.name for v in spec.variants] == ["baseline", "self-spec", "draft-1b"]
+    df, _ = run_sweep(spec, tmp_path, jobs=1, executor="serial", progress=False)
+    assert (df.error == "").all()
+    sp = speedups(df, spec.reference, x=spec.axis)
+    tpot = sp[sp.metric == "tpot_s_mean"].set_index(["variant", "concurrency"])["mean"]
+    assert tpot["self-spec", 8] < 1.0 < tpot["self-spec", 64]
+    assert tpot["self-spec", 64] > tpot["draft-1b", 64]
