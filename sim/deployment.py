@@ -164,7 +164,8 @@ def _draft_shape(sc: Scenario) -> DraftShape | None:
     if spec.acceptance_profile is None and spec.method != "tree":
         return None  # the plain chain: a x decay^(i-1), the original formulas
     factors = depth_factors(spec.num_speculative_tokens, spec.acceptance_decay, spec.acceptance_profile)
-    return DraftShape(factors, spec.tree_branching, spec.tree_rank_decay)
+    branching = spec.tree_branching[: spec.num_speculative_tokens] if spec.tree_branching is not None else None
+    return DraftShape(factors, branching, spec.tree_rank_decay)
 
 
 def gpus_per_replica(sc: Scenario) -> int:

@@ -215,11 +215,13 @@ class Speculative(_Strict):
     policy: Literal["fixed", "disable_above_batch", "adaptive"] = "fixed"
     disable_batch_size: Annotated[int, Field(ge=1)] = 32
     acceptance_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
-    # per-depth acceptance relative to depth 1 (f_1 = 1), one entry per drafted position; replaces the decay
+    # per-depth acceptance relative to depth 1 (f_1 = 1), one entry per drafted position (>= k; the
+    # first k are used); replaces the decay
     acceptance_profile: Annotated[tuple[Annotated[float, Field(gt=0, le=1)], ...], Field(strict=False)] | None = None
     # mtp: the target's multi-token-prediction modules (DeepSeek-V3: 1), when the catalogue does not say
     mtp_depth: Annotated[int, Field(ge=1, le=16)] | None = None
-    # tree: children per node at each depth (len = num_speculative_tokens), the drafter, and the
+    # tree: children per node at each depth (>= num_speculative_tokens entries; the tree is cut at
+    # depth num_speculative_tokens), the drafter, and the
     # acceptance of the r-th ranked candidate relative to the top one (g^(r-1))
     tree_branching: Annotated[tuple[Annotated[int, Field(ge=1, le=16)], ...], Field(strict=False)] | None = None
     tree_drafter: Literal["eagle3", "eagle", "draft_model"] = "eagle3"
@@ -281,7 +283,7 @@ class Speculative(_Strict):
             raise ValueError("num_speculative_tokens must be >= 1 with policy 'fixed' (use 'adaptive' to allow 0)")
         k = self.num_speculative_tokens
         if self.acceptance_profile is not None:
-            if len(self.acceptance_profile) != k:
+            if len(self.acceptance_profile) < k:
                 raise ValueError(f"acceptance_profile has {len(self.acceptance_profile)} entries; it needs one per "
                                  f"drafted position (num_speculative_tokens = {k}), e.g. [1.0, 0.9, 0.85, 0.8] for 4")
             if self.acceptance_profile and self.acceptance_profile[0] != 1.0:
@@ -293,11 +295,11 @@ class Speculative(_Strict):
             if self.tree_branching is None:
                 raise ValueError(f"method 'tree' needs tree_branching = [children per node at each depth], one entry "
                                  f"per depth (num_speculative_tokens = {k}), e.g. [2, 2, 1, 1]")
-            if len(self.tree_branching) != k:
+            if len(self.tree_branching) < k:
                 raise ValueError(f"tree_branching has {len(self.tree_branching)} entries; it needs one per depth "
                                  f"(num_speculative_tokens = {k})")
             nodes, width = 0, 1
-            for b in self.tree_branching:
+            for b in self.tree_branching[:k]:  # a longer list is cut at depth k (a planner's k grid varies it)
                 width *= b
                 nodes += width
             if nodes > 256:
