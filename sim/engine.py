@@ -7,8 +7,10 @@ Each step, in this order (vLLM v1-like):
    multi-step scheduling (`scheduler_steps` n > 1, vLLM 0.6's --num-scheduler-steps) a decode
    step is followed by n - 1 more before prefills are considered again;
 1. decode: every running sequence whose prompt is fully computed gets 1 new token (k+1 when
-   speculating: k drafted tokens verified plus one from the target); KV blocks for them are
-   reserved, preempting the youngest sequences (recompute) while blocks run short;
+   speculating: k drafted tokens verified plus one from the target; a token tree verifies all
+   its nodes; with suffix decoding only sequences whose suffix tree matches this step, drawn
+   first, speculate); KV blocks for them are reserved (a tree's for all its nodes), preempting
+   the youngest sequences (recompute) while blocks run short;
 2. prefill (`prefill = "mixed"`: vLLM V1, TensorRT-LLM): the token budget left
    (max_num_batched_tokens) goes to partly prefilled sequences in admission order, then to
    waiting requests (FCFS) while a slot (max_num_seqs) and blocks exist, unless step 1 preempted
