@@ -24,6 +24,14 @@ def step_breakdown(sc: Scenario, batch_sizes: list[int] | np.ndarray, context: i
     base_rt = build_runtime(baseline_of(sc))
     spec = rt.spec
     assert spec is not None
+    if spec.shape is not None or spec.draft_window is not None or spec.on_match or spec.host_s_per_seq > 0:
+        # trees, windowed self-drafts, suffix matches: the engine's own step code (fixed_batch_speedup)
+        fb = fixed_batch_speedup(sc, batch_sizes, context, acceptance)
+        return pd.DataFrame({"batch": fb.batch, "plain_decode_s": fb.plain_decode_s, "verify_s": fb.verify_s,
+                             "draft_s": fb.draft_s, "overhead_s": fb.overhead_s, "spec_step_s": fb.spec_step_s,
+                             "plain_tok_s": fb.batch / fb.plain_decode_s,
+                             "spec_tok_s": fb.batch * fb.tokens_per_seq / fb.spec_step_s,
+                             "speedup_at_fixed_batch": fb.speedup})
     k = spec.k
     rows = []
     for b in batch_sizes:

@@ -294,3 +294,17 @@ def test_tree_under_kv_pressure_completes_and_frees_every_block() -> None:
     assert st.kv_blocks_used.max() <= rt.plan.num_blocks
     assert int(st.kv_blocks_used.iloc[-1]) == 0
     assert (req.draft_accepted <= req.draft_proposed).all()
+
+
+def test_tree_pays_at_small_batch_and_costs_at_large_batch() -> None:
+    """A token tree verifies 15 tokens per sequence for a longer accepted path: at batch 1 (weights
+    read once, compute idle) it beats the EAGLE-3 chain of the same depth; at batch 256 the
+    verification is compute-bound and the tree is slower than no speculation, the chain is not."""
+    def fb(spec: dict[str, Any]) -> dict[int, float]:
+        sc = _one_slot({**spec, "num_speculative_tokens": 4}, max_num_seqs=256)
+        df = fixed_batch_speedup(sc, [1, 256], 2000, 0.8)
+        return dict(zip(df.batch, df.speedup, strict=True))
+
+    tree, chain = fb({"method": "tree", "tree_branching": [2, 2, 1, 1]}), fb({"method": "eagle3"})
+    assert tree[1] > chain[1] > 1.0
+    assert tree[256] < 1.0 < chain[256]
