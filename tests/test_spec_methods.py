@@ -77,7 +77,7 @@ def test_tree_tokens_per_verification_match_closed_form() -> None:
     exact = 1.0 + float(np.sum(np.cumprod(reach)))
     assert exact == pytest.approx(DraftShape((1.0,) * 4, branching, g).expected_tokens(a), rel=1e-12)
     assert exact > float(expected_tokens(a, 4))  # the tree accepts more than the chain of its depth
-    x = _verification_sample(spec, (1, 2, 3), acceptance=a)
+    x = _verification_sample(spec, (1, 2, 3), acceptance=a, output=1000)
     assert x.min() >= 1 and x.max() <= 5
     _within_ci(x, exact)
     st = simulate(_one_slot(spec, acceptance=a, num_requests=1, output=200), seed=1).steps
