@@ -26,9 +26,13 @@ def model_rows() -> list[dict[str, Any]]:
 
 
 def strategy_rows() -> list[dict[str, Any]]:
+    """Every built-in strategy, with whether `specrack sweep` runs it (the default sweep's variants)."""
     from experiments.plan import builtin_strategies
+    from experiments.sweep import load_sweep
 
-    return [{"name": s.name, "set": s.overrides, "changes": _overrides_text(s.overrides) or "(the base scenario)"}
+    swept = {v.name for v in load_sweep(None, quick=True).variants}
+    return [{"name": s.name, "set": s.overrides, "changes": _overrides_text(s.overrides) or "(the base scenario)",
+             "default_sweep": s.name in swept}
             for s in builtin_strategies().values()]
 
 
@@ -73,7 +77,8 @@ _TEXT: dict[str, tuple[Callable[[], list[dict[str, Any]]], list[tuple[str, Calla
         ("hidden", lambda r: str(r["hidden_size"])), ("heads/kv", lambda r: f"{r['heads']}/{r['kv_heads']}"),
         ("experts", lambda r: str(r["experts"] or "-")), ("tokenizer", lambda r: r["tokenizer"]),
         ("Hugging Face id", lambda r: r["hf_id"])]),
-    "strategies": (strategy_rows, [("strategy", lambda r: r["name"]), ("changes to the base scenario", lambda r: r["changes"])]),
+    "strategies": (strategy_rows, [("strategy", lambda r: r["name"]), ("swept", lambda r: "yes" if r["default_sweep"] else "-"),
+                                   ("changes to the base scenario", lambda r: r["changes"])]),
     "profiles": (profile_rows, [
         ("profile", lambda r: r["name"] + (" (default)" if r["default"] else "")),
         ("aliases", lambda r: ", ".join(r["aliases"]) or "-"), ("prefill", lambda r: r["prefill"]),

@@ -72,6 +72,9 @@ class TrafficClass(_Strict):
     acceptance: Annotated[float, Field(ge=0, lt=1)] | dict[str, Annotated[float, Field(ge=0, lt=1)]] = 0.8
     acceptance_spread: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
     tail: bool = False  # counts towards "tail" quality (hard, off-distribution traffic)
+    # suffix decoding: probability that the suffix tree (prompt + earlier outputs) holds a match to
+    # propose from at a decoding step; the repetition in this class's traffic (required for 'suffix')
+    suffix_match: Annotated[float, Field(ge=0, le=1)] | None = None
 
     @model_validator(mode="after")
     def _spread_fits(self) -> TrafficClass:
@@ -195,15 +198,40 @@ class Deployment(_Strict):
         return v.lower()
 
 
+SPEC_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "tree", "self_spec", "ngram", "suffix")
+# methods whose drafter is a head on the target's hidden states (or the target itself): colocated only
+_COLOCATED_ONLY = ("eagle3", "mtp", "tree", "self_spec", "suffix")
+
+
 class Speculative(_Strict):
-    method: Literal["draft_model", "eagle", "ngram"] = "draft_model"
-    draft_model: str | None = None  # required for method = "draft_model"
-    num_speculative_tokens: Annotated[int, Field(ge=0, le=16)] = 4
+    """Speculative decoding: the method, how many tokens it drafts, the policy, and each
+    method's own inputs (docs/MODEL.md has the physics and sources of every one)."""
+
+    method: Literal["draft_model", "eagle", "eagle3", "mtp", "tree", "self_spec", "ngram", "suffix"] = "draft_model"
+    draft_model: str | None = None  # required for method = "draft_model" (and tree_drafter = "draft_model")
+    num_speculative_tokens: Annotated[int, Field(ge=0, le=16)] = 4  # the depth of a tree
     placement: Literal["colocated", "dedicated"] = "colocated"
     draft_gpus: Annotated[int, Field(ge=1)] = 1  # GPUs per replica's draft when dedicated
     policy: Literal["fixed", "disable_above_batch", "adaptive"] = "fixed"
     disable_batch_size: Annotated[int, Field(ge=1)] = 32
     acceptance_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
+    # per-depth acceptance relative to depth 1 (f_1 = 1), one entry per drafted position (>= k; the
+    # first k are used); replaces the decay
+    acceptance_profile: Annotated[tuple[Annotated[float, Field(gt=0, le=1)], ...], Field(strict=False)] | None = None
+    # mtp: the target's multi-token-prediction modules (DeepSeek-V3: 1), when the catalogue does not say
+    mtp_depth: Annotated[int, Field(ge=1, le=16)] | None = None
+    # tree: children per node at each depth (>= num_speculative_tokens entries; the tree is cut at
+    # depth num_speculative_tokens), the drafter, and the
+    # acceptance of the r-th ranked candidate relative to the top one (g^(r-1))
+    tree_branching: Annotated[tuple[Annotated[int, Field(ge=1, le=16)], ...], Field(strict=False)] | None = None
+    tree_drafter: Literal["eagle3", "eagle", "draft_model"] = "eagle3"
+    tree_rank_decay: Annotated[float, Field(gt=0, le=1)] = 0.5
+    # self_spec: the target drafts for itself with a KV window (StreamingLLM/MagicDec) or a share of its layers
+    self_spec_mode: Literal["window", "layer_skip"] = "window"
+    self_spec_window: Annotated[int, Field(ge=16, le=131072)] = 512  # KV tokens the draft reads (sinks + recent)
+    self_spec_layer_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    # suffix: host (CPU) time of the suffix-tree lookup per decoding sequence per step
+    suffix_host_s: Annotated[float, Field(ge=0, le=0.01)] = 0.0
     # machinery overhead, as a fraction of the target pass: f0 + f1 x (running sequences - 2);
     # vLLM issue 49548: +6.6% TPOT at 2 concurrent requests, +21.6% at 189
     overhead_frac_at_2: Annotated[float, Field(ge=0)] = 0.066
@@ -216,15 +244,70 @@ class Speculative(_Strict):
             raise unknown("draft model", v, tuple(MODELS))
         return v.lower() if v else v
 
+    @property
+    def acceptance_key(self) -> str:
+        """The traffic classes' acceptance entry this method reads: a tree's top-1 candidates are
+        its drafter's, so a tree reads the drafter's entry."""
+        return self.tree_drafter if self.method == "tree" else self.method
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return self.method == "draft_model" or (self.method == "tree" and self.tree_drafter == "draft_model")
+
+    def _check_method_keys(self) -> None:
+        """Keys that belong to one method are errors with another (they would be silently ignored).
+        A key counts as given when it differs from its default (a dumped and re-read scenario
+        holds every default)."""
+        owners = {"mtp_depth": "mtp", "tree_branching": "tree", "tree_drafter": "tree", "tree_rank_decay": "tree",
+                  "self_spec_mode": "self_spec", "self_spec_window": "self_spec",
+                  "self_spec_layer_fraction": "self_spec", "suffix_host_s": "suffix"}
+        fields = type(self).model_fields
+        for key, method in owners.items():
+            if self.method != method and getattr(self, key) != fields[key].default:
+                raise ValueError(f"{key} only applies to method '{method}' (method is '{self.method}'); remove it")
+
     @model_validator(mode="after")
     def _consistent(self) -> Speculative:
+        self._check_method_keys()
         if self.method == "draft_model" and not self.draft_model:
             raise ValueError("method 'draft_model' needs draft_model = '<catalogue model>'")
+        if self.method == "tree" and self.tree_drafter == "draft_model" and not self.draft_model:
+            raise ValueError("tree_drafter 'draft_model' needs draft_model = '<catalogue model>'")
         if self.placement == "colocated" and self.draft_gpus != 1:
             raise ValueError(f"draft_gpus={self.draft_gpus} only applies with placement = 'dedicated' "
                              "(a colocated draft shares the target's GPUs); remove it or set placement = 'dedicated'")
+        if self.placement == "dedicated" and self.method in _COLOCATED_ONLY:
+            raise ValueError(f"placement 'dedicated' is not possible for method '{self.method}' (its drafter reads "
+                             "the target's hidden states or KV, or has no model); use placement = 'colocated'")
         if self.policy == "fixed" and self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be >= 1 with policy 'fixed' (use 'adaptive' to allow 0)")
+        k = self.num_speculative_tokens
+        if self.acceptance_profile is not None:
+            if len(self.acceptance_profile) < k:
+                raise ValueError(f"acceptance_profile has {len(self.acceptance_profile)} entries; it needs one per "
+                                 f"drafted position (num_speculative_tokens = {k}), e.g. [1.0, 0.9, 0.85, 0.8] for 4")
+            if self.acceptance_profile and self.acceptance_profile[0] != 1.0:
+                raise ValueError(f"acceptance_profile is relative to depth 1, so its first entry must be 1.0 "
+                                 f"(got {self.acceptance_profile[0]:g}); the class's acceptance sets depth 1")
+            if self.acceptance_decay != 1.0:
+                raise ValueError("set either acceptance_decay or acceptance_profile, not both")
+        if self.method == "tree":
+            if self.tree_branching is None:
+                raise ValueError(f"method 'tree' needs tree_branching = [children per node at each depth], one entry "
+                                 f"per depth (num_speculative_tokens = {k}), e.g. [2, 2, 1, 1]")
+            if len(self.tree_branching) < k:
+                raise ValueError(f"tree_branching has {len(self.tree_branching)} entries; it needs one per depth "
+                                 f"(num_speculative_tokens = {k})")
+            nodes, width = 0, 1
+            for b in self.tree_branching[:k]:  # a longer list is cut at depth k (a planner's k grid varies it)
+                width *= b
+                nodes += width
+            if nodes > 256:
+                raise ValueError(f"tree_branching {list(self.tree_branching)} makes a tree of {nodes} tokens per "
+                                 "sequence; at most 256 (engines verify 8-64), use smaller branching factors")
+        if self.method == "mtp" and self.mtp_depth is not None and k > self.mtp_depth:
+            raise ValueError(f"num_speculative_tokens={k} exceeds mtp_depth={self.mtp_depth} (each drafted token "
+                             f"needs its own MTP module); use num_speculative_tokens <= {self.mtp_depth}")
         return self
 
 
