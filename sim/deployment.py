@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from models.calibration import load_efficiency
-from models.catalog import LLM, get_gpu, get_model, get_weight_format, weight_bytes
-from models.cost import CostModel, check_tp, efficiency_for
+from models.catalog import GPU, LLM, get_gpu, get_model, get_weight_format, weight_bytes
+from models.cost import CostModel, Efficiency, check_tp, efficiency_for
 from models.errors import ConfigError
+from models.hf_config import load_config
 from models.memory import MemoryPlan, plan_memory
 from models.quality import Retraining, default_retrain_gpu_hours, distill_quality, quant_quality
 
@@ -65,15 +66,30 @@ class ReplicaRuntime:
     usd_per_gpu_hour: float
 
 
+def target_model(sc: Scenario) -> LLM:
+    """The deployment's model: from its config.json (`deployment.model_config`, in Python
+    `config_json`) or the catalogue."""
+    dep = sc.deployment
+    return load_config(dep.config_json, dep.model) if dep.config_json else get_model(dep.model)
+
+
 def _draft_model(sc: Scenario) -> LLM | None:
     spec = sc.speculative
     if spec is None or spec.method == "ngram":
         return None
-    target = get_model(sc.deployment.model)
     if spec.method == "eagle":
-        return eagle_head(target)
+        return eagle_head(target_model(sc))
+    if spec.draft_model_config:
+        return load_config(spec.draft_model_config, spec.draft_model)
     assert spec.draft_model is not None
     return get_model(spec.draft_model)
+
+
+def _cost(sc: Scenario, model: LLM, gpu: GPU, tp: int, eff: Efficiency, *, target: bool) -> CostModel:
+    """A cost model with the deployment's formats and MoE settings (expert parallelism: the target's)."""
+    dep = sc.deployment
+    return CostModel(model, gpu, tp, dep.weights, dep.kv_cache, eff, moe_routing_skew=dep.moe_routing_skew,
+                     expert_parallel=target and dep.expert_parallel)
 
 
 def gpus_per_replica(sc: Scenario) -> int:
@@ -86,7 +102,7 @@ def gpus_per_replica(sc: Scenario) -> int:
 def check_scenario(sc: Scenario) -> None:
     """Cross-field checks that need the catalogues; raises ValueError (shown with its field)."""
     dep = sc.deployment
-    target = get_model(dep.model)
+    target = target_model(sc)
     gpu = get_gpu(sc.rack.gpu)
     if get_weight_format(dep.weights).compute == "fp8" and gpu.fp8_flops is None:
         raise ValueError(f"deployment.weights 'fp8' needs FP8 tensor cores, which {gpu.name} lacks; use 'int8' or 'int4'")
@@ -94,10 +110,19 @@ def check_scenario(sc: Scenario) -> None:
         check_tp(target, dep.tensor_parallel)
     except ConfigError as err:
         raise ValueError(f"deployment.{err}") from None
+    if dep.expert_parallel:
+        if not target.num_experts:
+            raise ValueError(f"deployment.expert_parallel: '{target.name}' is a dense model (no experts to place); "
+                             "remove expert_parallel")
+        if target.num_experts % dep.tensor_parallel:
+            raise ValueError(f"deployment.expert_parallel: {target.num_experts} experts do not split evenly over "
+                             f"tensor_parallel={dep.tensor_parallel} GPUs; use a tensor_parallel that divides "
+                             f"{target.num_experts}, or remove expert_parallel")
     spec = sc.speculative
     if spec is not None:
         if spec.method == "draft_model":
-            draft = get_model(spec.draft_model or "")
+            draft = _draft_model(sc)
+            assert draft is not None
             if draft.tokenizer_family != target.tokenizer_family:
                 raise ValueError(
                     f"speculative.draft_model '{draft.name}' uses the {draft.tokenizer_family} tokenizer, "
@@ -215,7 +240,8 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
         eff = load_efficiency(dep.efficiency_file, eff)
     if dep.efficiency:
         eff = dataclasses.replace(eff, **dep.efficiency, source=f"{eff.source}; overridden in scenario")
-    cost = CostModel(dep.model, gpu, dep.tensor_parallel, dep.weights, dep.kv_cache, eff)
+    target = target_model(sc)
+    cost = _cost(sc, target, gpu, dep.tensor_parallel, eff, target=True)
     spec_rt = None
     extra_bytes = 0.0
     extra_kv = 0.0
@@ -226,9 +252,9 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
         if dm is not None:
             if spec.placement == "dedicated":
                 tp_d = spec.draft_gpus  # check_scenario made sure it divides the draft's heads
-                draft_cost = CostModel(dm, gpu, tp_d, dep.weights, dep.kv_cache, eff)
+                draft_cost = _cost(sc, dm, gpu, tp_d, eff, target=False)
             else:
-                draft_cost = CostModel(dm, gpu, dep.tensor_parallel, dep.weights, dep.kv_cache, eff)
+                draft_cost = _cost(sc, dm, gpu, dep.tensor_parallel, eff, target=False)
                 extra_bytes = weight_bytes(dm, get_weight_format(dep.weights)) / dep.tensor_parallel
                 extra_kv = draft_cost.kv_bytes_per_token_gpu
         spec_rt = SpecRuntime(spec.method, spec.num_speculative_tokens, spec.policy, spec.disable_batch_size,
@@ -253,7 +279,7 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
         train_gpu = get_gpu(dist.training_gpu)
         hours = dist.gpu_hours_per_run  # hours on the training GPU
         if hours is None:
-            hours = default_retrain_gpu_hours(get_model(dep.model).params_total,
+            hours = default_retrain_gpu_hours(target.params_total,
                                               get_model(dep.distilled_from).params_total,
                                               peak_flops=train_gpu.bf16_flops)
         train_price = (dist.training_usd_per_gpu_hour if dist.training_usd_per_gpu_hour is not None
