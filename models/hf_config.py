@@ -236,7 +236,7 @@ def load_config(path: str | Path, name: str | None = None) -> LLM:
     """The model of a config.json file (cached per file version)."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config.json not found: {p} (paths are relative to the scenario file)")
+        raise ConfigError(f"config.json not found: '{p}' (a path relative to the scenario file, or absolute)")
     st = p.stat()
     return _load(str(p.resolve()), st.st_mtime_ns, st.st_size, name or default_name(p))
 

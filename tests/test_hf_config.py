@@ -214,3 +214,32 @@ def test_cli_models_add_and_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert main(["models", "add", str(tmp_path / "missing.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not found" in err
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "experiments" / "scenarios" / "llama70b-h100x8.toml"
+
+
+@pytest.mark.parametrize(("sets", "needles"), [
+    (["deployment.model_config='nowhere/config.json'"], ["deployment.model_config", "not found"]),
+    (["deployment.model_config=5"], ["deployment.model_config", "string"]),
+    (["deployment.moe_routing_skew=-1"], ["deployment.moe_routing_skew"]),
+    (["deployment.moe_routing_skew=true"], ["deployment.moe_routing_skew"]),
+    (["deployment.expert_parallel=true"], ["deployment.expert_parallel", "dense model"]),
+    (["deployment.expert_parallel=1"], ["deployment.expert_parallel"]),
+    ([f'speculative={{method="eagle", draft_model_config="{CONFIGS / "qwen3-0.6b.json"}"}}'],
+     ["draft_model_config", "method = 'draft_model'"]),
+    (["deployment.model='my-unknown-model'"], ["unknown model 'my-unknown-model'"]),
+    ([f"deployment.model_config='{CONFIGS / 'gpt-oss-120b.json'}'", "deployment.tensor_parallel=3"],
+     ["tensor_parallel=3", "64 attention heads"]),
+])
+def test_bad_model_inputs_are_one_line_errors(sets: list[str], needles: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from experiments.cli import main
+
+    argv = ["validate", str(EXAMPLE)]
+    for s in sets:
+        argv += ["--set", s]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    for n in needles:
+        assert n in err, err
