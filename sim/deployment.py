@@ -260,6 +260,8 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
         spec_rt = SpecRuntime(spec.method, spec.num_speculative_tokens, spec.policy, spec.disable_batch_size,
                               spec.acceptance_decay, draft_cost, spec.overhead_frac_at_2, spec.overhead_frac_per_seq)
     sched = dep.scheduling()
+    if extra_kv and spec_rt is not None and spec_rt.draft_cost is not None:  # a colocated draft's windowed layers
+        extra_bytes += spec_rt.draft_cost.window_kv_bytes(sched.max_num_seqs)
     plan = plan_memory(cost, gpu_memory_utilization=dep.gpu_memory_utilization,
                        max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
                        extra_bytes=extra_bytes, extra_kv_bytes_per_token=extra_kv)
