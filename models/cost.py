@@ -10,10 +10,14 @@ tokens already in its KV cache (`context`). The step is charged
     compute_s  = FLOPs / (peak x mfu(tokens))      matmuls: 2 x active params per token,
                                                    attention: 4 x layers x heads x head_dim per
                                                    (query, key) pair, quadratic inside a chunk
-    memory_s   = bytes / (HBM bandwidth x bw_eff)   weights once per step (read by all tokens),
-                                                   KV read once per sequence (shared by its k+1
-                                                   verified tokens), KV written, activations
-    comm_s     = 2 all-reduces per layer (tensor parallel), each latency + ring volume / link
+    memory_s   = bytes / (HBM bandwidth x bw_eff)   weights once per step (read by all tokens;
+                                                   for MoE the routed experts the step's tokens
+                                                   touch, `expected_experts`), KV read once per
+                                                   sequence (shared by its k+1 verified tokens;
+                                                   a sliding-window layer at most its window),
+                                                   KV written, activations
+    comm_s     = 2 all-reduces per layer (tensor parallel), each latency + ring volume / link;
+                 with expert parallelism a MoE layer's second one is an all-to-all pair
     overhead_s = per-layer launch overhead of each forward pass, plus, for an engine step, the
                  per-step overhead and the per-sequence host cost x sequences, or, for a draft
                  pass (`step_overhead=False`), the per-draft-pass overhead
