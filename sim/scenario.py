@@ -147,7 +147,7 @@ def _name_from_config(data: Any, name_key: str, config_key: str) -> Any:
 
 class Deployment(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False,
-                              validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+                              validate_by_alias=True, serialize_by_alias=True)
     # `model_config` in files: the target from a Hugging Face config.json (relative to the scenario
     # file) instead of the catalogue; `model` is then its name (default: the config's folder name).
     # models.hf_config. (In Python `config_json`: pydantic reserves the name model_config.)
