@@ -200,6 +200,7 @@ class CostModel:
         # the windowed layers' is bounded per sequence (window_kv_bytes)
         self.kv_bytes_per_token_gpu = self.kv_full_bytes_per_token_gpu or self.kv_win_bytes_per_token_gpu
         self._win_in_blocks = self.kv_full_bytes_per_token_gpu == 0.0
+        self.kv_write_bytes_per_token_gpu = self.kv_full_bytes_per_token_gpu + self.kv_win_bytes_per_token_gpu
         self.attn_win_flops_per_pair = self.attn_flops_per_pair * n_win / m.num_layers
         self.attn_full_flops_per_pair = self.attn_flops_per_pair - self.attn_win_flops_per_pair
         # activation traffic per token: replicated hidden-size tensors (norms, residual) plus the
@@ -302,11 +303,14 @@ class CostModel:
         if tokens <= 0:
             return _ZERO
         e = self.eff
-        attn_f = self._attn_flops(tokens, attn_pairs)
+        # the common case (dense, no window, TP) inline: this runs once per engine step
+        attn_f = self._attn_flops(tokens, attn_pairs) if self.window else self.attn_flops_per_pair * attn_pairs
         flops = self.flops_per_token * tokens + attn_f
-        w = self._weights_read(tokens)
-        kv_r = self._kv_read(num_seqs, context_tokens)
-        kv_w = (self.kv_full_bytes_per_token_gpu + self.kv_win_bytes_per_token_gpu) * tokens
+        w = self.dense_weight_bytes
+        if self.expert_weight_bytes:
+            w += self.expert_weight_bytes * self.touched_fraction(tokens)
+        kv_r = self._kv_read(num_seqs, context_tokens) if self.window else self.kv_bytes_per_token_gpu * context_tokens
+        kv_w = self.kv_write_bytes_per_token_gpu * tokens
         act = self.act_bytes_per_token * tokens
         mfu = self.mfu_max * tokens / (tokens + e.mfu_half_tokens)
         # two kernel classes, each its own roofline: the linear layers (weights, activations) and
@@ -318,7 +322,7 @@ class CostModel:
         compute_s = lin_c + attn_c
         memory_s = lin_m + attn_m
         busy = (lin_c if lin_c > lin_m else lin_m) + (attn_c if attn_c > attn_m else attn_m)
-        comm_s = self._comm_s(tokens)
+        comm_s = self._comm_s(tokens) if self.n_allreduce else 0.0
         seq_s = e.seq_overhead_s * num_seqs if step_overhead else 0.0
         overhead_s = self.pass_overhead_s + (e.step_overhead_s if step_overhead else e.draft_pass_overhead_s) + seq_s
         total = busy + comm_s + overhead_s
@@ -362,17 +366,20 @@ class CostModel:
         e = self.eff
         tokens = num_seqs * 1 + 0.0
         attn_pairs = context_tokens + num_seqs
-        w = self._weights_read(tokens)
-        kv_r = self._kv_read(num_seqs, context_tokens)
-        kv_w = (self.kv_full_bytes_per_token_gpu + self.kv_win_bytes_per_token_gpu) * tokens
+        w = self.dense_weight_bytes
+        if self.expert_weight_bytes:
+            w += self.expert_weight_bytes * self.touched_fraction(tokens)
+        kv_r = self._kv_read(num_seqs, context_tokens) if self.window else self.kv_bytes_per_token_gpu * context_tokens
+        kv_w = self.kv_write_bytes_per_token_gpu * tokens
         act = self.act_bytes_per_token * tokens
         mfu = self.mfu_max * tokens / (tokens + e.mfu_half_tokens)
         lin_c = self.flops_per_token * tokens / (self.peak * mfu)
-        attn_c = self._attn_flops(tokens, attn_pairs) / (self.peak * self.mfu_max)
+        attn_f = self._attn_flops(tokens, attn_pairs) if self.window else self.attn_flops_per_pair * attn_pairs
+        attn_c = attn_f / (self.peak * self.mfu_max)
         lin_m = (w + act) / self.bw
         attn_m = (kv_r + kv_w) / self.bw
         busy = (lin_c if lin_c > lin_m else lin_m) + (attn_c if attn_c > attn_m else attn_m)
-        comm_s = self._comm_s(tokens)
+        comm_s = self._comm_s(tokens) if self.n_allreduce else 0.0
         overhead_s = self.pass_overhead_s + e.step_overhead_s + e.seq_overhead_s * num_seqs
         return busy + comm_s + overhead_s
 
