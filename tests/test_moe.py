@@ -136,6 +136,12 @@ def test_sliding_window_bounds_kv_read_and_memory() -> None:
     # beyond the window only the full layers' read grows
     assert longer - long_ == pytest.approx(cm.kv_full_bytes_per_token_gpu * 4 * 10_000)
     assert not cm.affine_in_context
+    # the vectorised pricing (adaptive policy) bounds the window the same way
+    ctx, toks = np.array([100.0, 2000.0, 40_000.0]), np.array([4.0, 12.0, 20.0])
+    pairs = ctx + toks * 3
+    many = cm.total_s_many(4, toks, ctx, pairs)
+    np.testing.assert_allclose(many, [cm.step_sums(4, t, c, p).total_s for t, c, p in zip(toks, ctx, pairs, strict=True)],
+                               rtol=1e-12)
     plan = plan_memory(cm, max_num_seqs=64)
     assert plan.extra_bytes == pytest.approx(win * 128 * 64)  # the windows of every sequence, reserved
     assert plan.kv_bytes_per_token == cm.kv_full_bytes_per_token_gpu
