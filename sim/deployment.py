@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from models.calibration import load_efficiency
-from models.catalog import LLM, get_gpu, get_model, get_weight_format, weight_bytes
-from models.cost import CostModel, check_tp, efficiency_for
+from models.catalog import GPU, LLM, get_gpu, get_model, get_weight_format, weight_bytes
+from models.cost import CostModel, Efficiency, check_tp, efficiency_for
 from models.errors import ConfigError
+from models.hf_config import load_config
 from models.memory import MemoryPlan, plan_memory
 from models.quality import Retraining, default_retrain_gpu_hours, distill_quality, quant_quality
 from models.speculative import DraftShape, depth_factors
@@ -87,8 +88,9 @@ def layer_skip_draft(target: LLM, fraction: float) -> LLM:
 
 
 def catalogue_mtp_depth(target: LLM) -> int:
-    """MTP modules the catalogue records for the target (0 when it records none)."""
-    return int(getattr(target, "mtp_depth", 0) or 0)
+    """MTP modules the catalogue (or the model's config.json, `num_nextn_predict_layers`) records
+    for the target (0 when it records none)."""
+    return int(getattr(target, "mtp_layers", 0) or 0)
 
 
 @dataclass(frozen=True)
@@ -134,12 +136,19 @@ class ReplicaRuntime:
     usd_per_gpu_hour: float
 
 
+def target_model(sc: Scenario) -> LLM:
+    """The deployment's model: from its config.json (`deployment.model_config`, in Python
+    `config_json`) or the catalogue."""
+    dep = sc.deployment
+    return load_config(dep.config_json, dep.model) if dep.config_json else get_model(dep.model)
+
+
 def _draft_model(sc: Scenario) -> LLM | None:
     """The model each draft pass runs (None when nothing is drafted on the GPU)."""
     spec = sc.speculative
     if spec is None or spec.method in ("ngram", "suffix"):
         return None
-    target = get_model(sc.deployment.model)
+    target = target_model(sc)
     kind = spec.tree_drafter if spec.method == "tree" else spec.method
     if kind == "eagle":
         return eagle_head(target)
@@ -149,6 +158,8 @@ def _draft_model(sc: Scenario) -> LLM | None:
         return mtp_module(target)
     if kind == "self_spec":
         return target if spec.self_spec_mode == "window" else layer_skip_draft(target, spec.self_spec_layer_fraction)
+    if spec.draft_model_config:
+        return load_config(spec.draft_model_config, spec.draft_model)
     assert spec.draft_model is not None
     return get_model(spec.draft_model)
 
@@ -168,6 +179,13 @@ def _draft_shape(sc: Scenario) -> DraftShape | None:
     return DraftShape(factors, branching, spec.tree_rank_decay)
 
 
+def _cost(sc: Scenario, model: LLM, gpu: GPU, tp: int, eff: Efficiency, *, target: bool) -> CostModel:
+    """A cost model with the deployment's formats and MoE settings (expert parallelism: the target's)."""
+    dep = sc.deployment
+    return CostModel(model, gpu, tp, dep.weights, dep.kv_cache, eff, moe_routing_skew=dep.moe_routing_skew,
+                     expert_parallel=target and dep.expert_parallel)
+
+
 def gpus_per_replica(sc: Scenario) -> int:
     """GPUs one replica takes: its tensor-parallel group plus a dedicated draft's GPUs."""
     spec = sc.speculative
@@ -178,7 +196,7 @@ def gpus_per_replica(sc: Scenario) -> int:
 def check_scenario(sc: Scenario) -> None:
     """Cross-field checks that need the catalogues; raises ValueError (shown with its field)."""
     dep = sc.deployment
-    target = get_model(dep.model)
+    target = target_model(sc)
     gpu = get_gpu(sc.rack.gpu)
     if get_weight_format(dep.weights).compute == "fp8" and gpu.fp8_flops is None:
         raise ValueError(f"deployment.weights 'fp8' needs FP8 tensor cores, which {gpu.name} lacks; use 'int8' or 'int4'")
@@ -186,6 +204,14 @@ def check_scenario(sc: Scenario) -> None:
         check_tp(target, dep.tensor_parallel)
     except ConfigError as err:
         raise ValueError(f"deployment.{err}") from None
+    if dep.expert_parallel:
+        if not target.num_experts:
+            raise ValueError(f"deployment.expert_parallel: '{target.name}' is a dense model (no experts to place); "
+                             "remove expert_parallel")
+        if target.num_experts % dep.tensor_parallel:
+            raise ValueError(f"deployment.expert_parallel: {target.num_experts} experts do not split evenly over "
+                             f"tensor_parallel={dep.tensor_parallel} GPUs; use a tensor_parallel that divides "
+                             f"{target.num_experts}, or remove expert_parallel")
     spec = sc.speculative
     if spec is not None:
         if spec.method == "mtp":
@@ -202,7 +228,8 @@ def check_scenario(sc: Scenario) -> None:
                 raise ValueError(f"workload.classes '{missing[0]}': method 'suffix' needs suffix_match = <probability "
                                  "that the suffix tree has a match at a decoding step> for every class")
         if spec.needs_draft_model:
-            draft = get_model(spec.draft_model or "")
+            draft = get_model(spec.draft_model) if spec.method == "tree" and spec.draft_model else _draft_model(sc)
+            assert draft is not None
             if draft.tokenizer_family != target.tokenizer_family:
                 raise ValueError(
                     f"speculative.draft_model '{draft.name}' uses the {draft.tokenizer_family} tokenizer, "
@@ -320,7 +347,8 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
         eff = load_efficiency(dep.efficiency_file, eff)
     if dep.efficiency:
         eff = dataclasses.replace(eff, **dep.efficiency, source=f"{eff.source}; overridden in scenario")
-    cost = CostModel(dep.model, gpu, dep.tensor_parallel, dep.weights, dep.kv_cache, eff)
+    target = target_model(sc)
+    cost = _cost(sc, target, gpu, dep.tensor_parallel, eff, target=True)
     spec_rt = None
     extra_bytes = 0.0
     extra_kv = 0.0
@@ -331,14 +359,14 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
         if dm is not None:
             if spec.placement == "dedicated":
                 tp_d = spec.draft_gpus  # check_scenario made sure it divides the draft's heads
-                draft_cost = CostModel(dm, gpu, tp_d, dep.weights, dep.kv_cache, eff)
+                draft_cost = _cost(sc, dm, gpu, tp_d, eff, target=False)
             else:
-                draft_cost = CostModel(dm, gpu, dep.tensor_parallel, dep.weights, dep.kv_cache, eff)
+                draft_cost = _cost(sc, dm, gpu, dep.tensor_parallel, eff, target=False)
                 if not _shares_target(sc):
                     # MTP: every module's weights and KV are resident (one module runs per drafted token)
                     copies, resident = 1, weight_bytes(dm, get_weight_format(dep.weights))
                     if spec.method == "mtp":  # the output head is the target's own (shared), not resident twice
-                        copies = spec.mtp_depth or catalogue_mtp_depth(get_model(dep.model))
+                        copies = spec.mtp_depth or catalogue_mtp_depth(target)
                         resident -= dm.embedding_params * 2.0
                     extra_bytes = copies * resident / dep.tensor_parallel
                     extra_kv = copies * draft_cost.kv_bytes_per_token_gpu
@@ -348,6 +376,8 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
                               shape=_draft_shape(sc), draft_window=window, host_s_per_seq=spec.suffix_host_s,
                               on_match=spec.method == "suffix")
     sched = dep.scheduling()
+    if extra_kv and spec_rt is not None and spec_rt.draft_cost is not None:  # a colocated draft's windowed layers
+        extra_bytes += spec_rt.draft_cost.window_kv_bytes(sched.max_num_seqs)
     plan = plan_memory(cost, gpu_memory_utilization=dep.gpu_memory_utilization,
                        max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
                        extra_bytes=extra_bytes, extra_kv_bytes_per_token=extra_kv)
@@ -367,7 +397,7 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
         train_gpu = get_gpu(dist.training_gpu)
         hours = dist.gpu_hours_per_run  # hours on the training GPU
         if hours is None:
-            hours = default_retrain_gpu_hours(get_model(dep.model).params_total,
+            hours = default_retrain_gpu_hours(target.params_total,
                                               get_model(dep.distilled_from).params_total,
                                               peak_flops=train_gpu.bf16_flops)
         train_price = (dist.training_usd_per_gpu_hour if dist.training_usd_per_gpu_hour is not None

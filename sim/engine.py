@@ -179,8 +179,9 @@ class Replica:
     def __init__(self, env: simpy.Environment, idx: int, rt: ReplicaRuntime, reqs: Requests,
                  rng: np.random.Generator, log: StepLog, fuse: FuseBound | None = None) -> None:
         self.env, self.idx, self.rt, self.reqs, self.rng, self.log = env, idx, rt, reqs, rng, log
-        # step fusion (off when None, and always for speculation or a cost model without arrays)
-        self.fuse = fuse if (rt.spec is None and isinstance(rt.cost, CostModel)) else None
+        # step fusion (off when None, and always for speculation, a cost model without arrays, or a
+        # step cost not affine in the context: sliding-window layers)
+        self.fuse = fuse if (rt.spec is None and isinstance(rt.cost, CostModel) and rt.cost.affine_in_context) else None
         s = rt.max_num_seqs
         self.rid = np.full(s, -1, dtype=np.int64)
         self.computed = np.zeros(s, dtype=np.int64)  # tokens whose KV is computed

@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from models.catalog import GPUS, KV_FORMATS, MODELS, WEIGHT_FORMATS
 from models.engines import DEFAULT_PROFILE, Scheduling, get_profile, resolve
@@ -127,7 +127,34 @@ class Distillation(_Strict):
     _training_gpu = field_validator("training_gpu")(staticmethod(gpu_name))
 
 
+def _config_field(v: str | None) -> str | None:
+    """A config.json path (`deployment.model_config`, `speculative.draft_model_config`) must load."""
+    if v is not None:
+        from models.hf_config import load_config
+
+        try:
+            load_config(v)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+    return v
+
+
+def _name_from_config(data: Any, name_key: str, config_key: str) -> Any:
+    """A model defined by a config.json is named after its folder (or file) unless named."""
+    if isinstance(data, dict) and isinstance(data.get(config_key), str) and not data.get(name_key):
+        from models.hf_config import default_name
+
+        data = {**data, name_key: default_name(data[config_key])}
+    return data
+
+
 class Deployment(_Strict):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False,
+                              validate_by_alias=True, serialize_by_alias=True)
+    # `model_config` in files: the target from a Hugging Face config.json (relative to the scenario
+    # file) instead of the catalogue; `model` is then its name (default: the config's folder name).
+    # models.hf_config. (In Python `config_json`: pydantic reserves the name model_config.)
+    config_json: str | None = Field(default=None, alias="model_config")
     model: str = "llama-3.1-70b"
     tensor_parallel: Annotated[int, Field(ge=1)] = 4
     weights: str = "bf16"
@@ -149,6 +176,18 @@ class Deployment(_Strict):
     # individual factors (mfu_max, bw_eff, step_overhead_s, ...) overriding the engine profile
     efficiency_file: str | None = None
     efficiency: dict[str, float] | None = None
+    # mixture of experts (models.cost.expected_experts): Zipf exponent of expert popularity (0:
+    # uniform routing), and experts placed whole on the GPUs (E / tensor_parallel each, all-to-all
+    # dispatch and combine) instead of every expert sliced over them
+    moe_routing_skew: Annotated[float, Field(ge=0, le=4)] = 0.0
+    expert_parallel: bool = False
+
+    _model_config = field_validator("config_json")(staticmethod(_config_field))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _config_name(cls, data: Any) -> Any:
+        return _name_from_config(data, "model", "model_config")
 
     @field_validator("efficiency")
     @classmethod
@@ -178,7 +217,9 @@ class Deployment(_Strict):
 
     @field_validator("model", "distilled_from")
     @classmethod
-    def _model(cls, v: str | None) -> str | None:
+    def _model(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if info.field_name == "model" and info.data.get("config_json"):
+            return v  # a name for the config.json's model
         if v is not None and v.lower() not in MODELS:
             raise unknown("model", v, tuple(MODELS))
         return v.lower() if v else v
@@ -208,7 +249,9 @@ class Speculative(_Strict):
     method's own inputs (docs/MODEL.md has the physics and sources of every one)."""
 
     method: Literal["draft_model", "eagle", "eagle3", "mtp", "tree", "self_spec", "ngram", "suffix"] = "draft_model"
-    draft_model: str | None = None  # required for method = "draft_model" (and tree_drafter = "draft_model")
+    # the draft from a Hugging Face config.json (relative to the scenario file); draft_model names it
+    draft_model_config: str | None = None
+    draft_model: str | None = None  # required for method = "draft_model" (or draft_model_config; and tree_drafter = "draft_model")
     num_speculative_tokens: Annotated[int, Field(ge=0, le=16)] = 4  # the depth of a tree
     placement: Literal["colocated", "dedicated"] = "colocated"
     draft_gpus: Annotated[int, Field(ge=1)] = 1  # GPUs per replica's draft when dedicated
@@ -237,9 +280,18 @@ class Speculative(_Strict):
     overhead_frac_at_2: Annotated[float, Field(ge=0)] = 0.066
     overhead_frac_per_seq: Annotated[float, Field(ge=0)] = (0.216 - 0.066) / 187.0
 
+    _draft_config = field_validator("draft_model_config")(staticmethod(_config_field))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _config_name(cls, data: Any) -> Any:
+        return _name_from_config(data, "draft_model", "draft_model_config")
+
     @field_validator("draft_model")
     @classmethod
-    def _draft(cls, v: str | None) -> str | None:
+    def _draft(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("draft_model_config"):
+            return v
         if v is not None and v.lower() not in MODELS:
             raise unknown("draft model", v, tuple(MODELS))
         return v.lower() if v else v
@@ -270,7 +322,11 @@ class Speculative(_Strict):
     def _consistent(self) -> Speculative:
         self._check_method_keys()
         if self.method == "draft_model" and not self.draft_model:
-            raise ValueError("method 'draft_model' needs draft_model = '<catalogue model>'")
+            raise ValueError("method 'draft_model' needs draft_model = '<catalogue model>' (or draft_model_config = "
+                             "'<path to its config.json>')")
+        if self.draft_model_config and self.method != "draft_model":
+            raise ValueError(f"draft_model_config defines a draft model; it needs method = 'draft_model' "
+                             f"(got '{self.method}'), or remove it")
         if self.method == "tree" and self.tree_drafter == "draft_model" and not self.draft_model:
             raise ValueError("tree_drafter 'draft_model' needs draft_model = '<catalogue model>'")
         if self.placement == "colocated" and self.draft_gpus != 1:
@@ -540,7 +596,8 @@ class Scenario(_Strict):
         from sim.traces import file_digest
 
         wl, dep = self.workload, self.deployment
-        files = [wl.trace if wl.replays_trace else None, dep.efficiency_file]
+        files = [wl.trace if wl.replays_trace else None, dep.efficiency_file, dep.config_json,
+                 self.speculative.draft_model_config if self.speculative else None]
         files += [d.trace for d in (wl.prompt_tokens, wl.output_tokens) if isinstance(d, Empirical)]
         digests = {f: file_digest(f) for f in files if f}
         data: dict[str, Any] = self.model_dump(mode="json")
@@ -548,7 +605,9 @@ class Scenario(_Strict):
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def with_overrides(self, overrides: dict[str, Any]) -> Scenario:
-        return scenario_from_dict(apply_overrides(self.model_dump(mode="json", exclude_none=True), overrides))
+        data = apply_overrides(self.model_dump(mode="json", exclude_none=True), overrides)
+        _resolve_model_configs(data, Path.cwd())
+        return scenario_from_dict(data)
 
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -565,6 +624,12 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
             node.pop(parts[-1], None)
         else:
             node[parts[-1]] = value
+    # a model set by name replaces the config.json that defined the previous one
+    for section, name_key, cfg_key in (("deployment", "model", "model_config"),
+                                       ("speculative", "draft_model", "draft_model_config")):
+        if f"{section}.{name_key}" in overrides and f"{section}.{cfg_key}" not in overrides \
+                and isinstance(data.get(section), dict):
+            data[section].pop(cfg_key, None)
     # utilisation and rate_rps are two ways to set one load: setting one replaces the other
     for key, other in (("utilisation", "rate_rps"), ("rate_rps", "utilisation")):
         if overrides.get(f"workload.{key}") is not None and isinstance(data.get("workload"), dict):
@@ -619,6 +684,27 @@ def read_toml(path: str | Path, kind: str) -> dict[str, Any]:
         raise ConfigError(f"{p}: invalid TOML: {err}") from None
 
 
+def _resolve_model_configs(data: dict[str, Any], folder: Path) -> None:
+    """Config.json paths relative to the scenario's folder; a model or draft named in a user
+    catalogue (models.toml next to the scenario, else in the working directory; `specrack models
+    add`) gets its config.json from there."""
+    from models.hf_config import find_user_model
+
+    for section, cfg_key, name_key in (("deployment", "model_config", "model"),
+                                       ("speculative", "draft_model_config", "draft_model")):
+        sec = data.get(section)
+        if not isinstance(sec, dict):
+            continue
+        cfg = sec.get(cfg_key)
+        if isinstance(cfg, str) and not Path(cfg).is_absolute():
+            sec[cfg_key] = str((folder / cfg).resolve())
+        name = sec.get(name_key)
+        if cfg is None and isinstance(name, str) and name.lower() not in MODELS:
+            found = find_user_model(name, (folder, Path.cwd()))
+            if found is not None:
+                sec[cfg_key] = str(found)
+
+
 def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> Scenario:
     """Read and validate a TOML scenario; relative trace paths resolve against its folder."""
     p = Path(path)
@@ -626,6 +712,7 @@ def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> 
     dep = data.get("deployment", {})
     if isinstance(dep, dict) and isinstance(dep.get("efficiency_file"), str) and not Path(dep["efficiency_file"]).is_absolute():
         dep["efficiency_file"] = str((p.parent / dep["efficiency_file"]).resolve())
+    _resolve_model_configs(data, p.parent)
     wl = data.get("workload", {})
     if isinstance(wl, dict):
         for key in ("trace",):
@@ -637,6 +724,7 @@ def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> 
                 d["trace"] = str((p.parent / d["trace"]).resolve())
     if overrides:
         data = apply_overrides(data, overrides)
+        _resolve_model_configs(data, p.parent)
     try:
         return scenario_from_dict(data)
     except ConfigError as err:

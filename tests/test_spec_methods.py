@@ -308,3 +308,27 @@ def test_tree_pays_at_small_batch_and_costs_at_large_batch() -> None:
     tree, chain = fb({"method": "tree", "tree_branching": [2, 2, 1, 1]}), fb({"method": "eagle3"})
     assert tree[1] > chain[1] > 1.0
     assert tree[256] < 1.0 < chain[256]
+
+
+def test_mtp_reads_deepseek_v3s_module_from_the_catalogue() -> None:
+    """DeepSeek-V3's config.json has num_nextn_predict_layers = 1, recorded on the catalogue model:
+    `method = "mtp"` needs no mtp_depth there, k = 2 exceeds its one module (a one-line error), and
+    at batch 1 on 8x H200 (FP8, as shipped) one module at 0.85-0.9 acceptance speeds TPOT up."""
+    def sc(spec: dict[str, Any] | None) -> Scenario:
+        data: dict[str, Any] = {
+            "rack": {"gpu": "h200", "num_gpus": 8},
+            "deployment": {"model": "deepseek-v3", "tensor_parallel": 8, "max_num_seqs": 1, "weights": "fp8"},
+            "workload": {"rate_rps": 10.0, "num_requests": 2, "duration_s": 60.0, "warmup_s": 0.0,
+                         "prompt_tokens": {"dist": "fixed", "value": 128},
+                         "output_tokens": {"dist": "fixed", "value": 300},
+                         "classes": [{"name": "c", "share": 1.0, "acceptance": 0.88, "acceptance_spread": 0.0}]},
+            "sim": {"drain_s": 1e5},
+        }
+        if spec is not None:
+            data["speculative"] = spec
+        return scenario_from_dict(data)
+    with pytest.raises(ConfigError, match="num_speculative_tokens=2 exceeds"):
+        build_runtime(sc({"method": "mtp", "num_speculative_tokens": 2}))
+    base = simulate(sc(None), seed=1).summary["tpot_s"]["mean"]
+    mtp = simulate(sc({"method": "mtp", "num_speculative_tokens": 1}), seed=1).summary["tpot_s"]["mean"]
+    assert 1.3 < base / mtp < 1.88, base / mtp
