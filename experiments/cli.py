@@ -14,8 +14,23 @@ from models.engines import DEFAULT_PROFILE, PROFILE_NAMES
 from models.errors import ConfigError
 
 
+def _model_arg(name: str) -> Any:
+    """A catalogue name, a user-catalogue name (./models.toml) or a path to a config.json."""
+    from pathlib import Path
+
+    from models.catalog import MODELS, get_model
+    from models.hf_config import find_user_model, load_config
+
+    if name.endswith(".json"):
+        return load_config(name)
+    if name.lower() not in MODELS:
+        found = find_user_model(name, (Path.cwd(),))
+        if found is not None:
+            return load_config(found, name.lower())
+    return get_model(name)
+
+
 def _cost(a: argparse.Namespace) -> int:
-    from models.catalog import get_model
     from models.cost import CostModel
     from models.memory import plan_memory
 
@@ -27,9 +42,10 @@ def _cost(a: argparse.Namespace) -> int:
     from models.engines import get_profile
 
     profile = get_profile(a.engine)
-    cost = CostModel(a.model, a.gpu, a.tp, a.weights, a.kv_cache, engine=profile.name)
+    cost = CostModel(_model_arg(a.model), a.gpu, a.tp, a.weights, a.kv_cache, engine=profile.name,
+                     moe_routing_skew=a.moe_routing_skew, expert_parallel=a.expert_parallel)
     if a.draft:
-        draft = get_model(a.draft)
+        draft = _model_arg(a.draft)
         if draft.tokenizer_family != cost.model.tokenizer_family:
             raise ConfigError(f"--draft {draft.name} uses the {draft.tokenizer_family} tokenizer, "
                               f"{cost.model.name} the {cost.model.tokenizer_family} one; pick a draft of the same family")
@@ -43,8 +59,10 @@ def _cost(a: argparse.Namespace) -> int:
                tp=cost.tp, weights=cost.weights.name, kv_cache=cost.kv.name, engine=profile.name,
                seq_overhead_share=step.seq_overhead_s / step.total_s,
                efficiency_source=cost.eff.source)
+    if cost.model.num_experts:  # expected distinct routed experts per MoE layer (models.cost.expected_experts)
+        out["experts_touched"] = cost.touched_fraction(a.batch * a.new_tokens) * cost.model.num_experts
     if a.draft:
-        d = CostModel(a.draft, a.gpu, a.tp, a.weights, a.kv_cache, engine=profile.name)
+        d = CostModel(draft, a.gpu, a.tp, a.weights, a.kv_cache, engine=profile.name)
         ds = d.uniform(a.batch, a.context, 1, step_overhead=False)
         out["draft_pass_s"] = ds.total_s
         out["draft_cost_ratio"] = ds.total_s / cost.uniform(a.batch, a.context, 1).total_s
@@ -67,6 +85,9 @@ def _cost(a: argparse.Namespace) -> int:
     print(f"  memory: weights {cost.weight_bytes_per_gpu / gib:.1f} GiB/GPU, KV pool {plan.kv_pool_bytes / gib:.1f} GiB/GPU "
           f"= {plan.kv_capacity_tokens} tokens; {out['max_num_seqs_at_context']} sequences of "
           f"{a.context + a.new_tokens} tokens fit")
+    if "experts_touched" in out:
+        print(f"  MoE: {out['experts_touched']:.1f} of {cost.model.num_experts} routed experts touched per layer by "
+              f"{a.batch * a.new_tokens} tokens ({cost.model.experts_per_token} per token)")
     if a.draft:
         print(f"  draft {a.draft}: {out['draft_pass_s'] * 1e3:.3f} ms per pass, cost ratio c = {out['draft_cost_ratio']:.3f}")
     return 0
@@ -236,6 +257,19 @@ def _list(a: argparse.Namespace) -> int:
     return 0
 
 
+def _models_add(a: argparse.Namespace) -> int:
+    from models.hf_config import add_user_model
+
+    m, cat = add_user_model(a.path, a.name, a.catalog)
+    moe = f", {m.num_experts} experts ({m.experts_per_token} per token)" if m.num_experts else ""
+    attn = " MLA" if m.mla else (f", {m.num_sliding_layers} sliding-window layers ({m.sliding_window})"
+                                 if m.num_sliding_layers else "")
+    print(f"added '{m.name}' to {cat}: {m.params_total / 1e9:.2f}B parameters ({m.params_active / 1e9:.2f}B active), "
+          f"{m.num_layers} layers{moe}{attn}, tokenizer {m.tokenizer_family}, weights {m.native_weights}")
+    print(f"use it: deployment.model = \"{m.name}\" in a scenario next to {cat.name} or run from {cat.parent}")
+    return 0
+
+
 def _compare(a: argparse.Namespace) -> int:
     from experiments.compare import main_compare
 
@@ -247,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     c = sub.add_parser("cost", help="what-if step cost of one batch")
-    c.add_argument("--model", default="llama-3.1-70b")
+    c.add_argument("--model", default="llama-3.1-70b", help="a catalogue or ./models.toml name, or a config.json path")
     c.add_argument("--gpu", default="h100-sxm")
     c.add_argument("--tp", type=int, default=4)
     c.add_argument("--weights", default="bf16")
@@ -257,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--context", type=int, default=2048)
     c.add_argument("--new-tokens", type=int, default=1)
     c.add_argument("--draft", default=None, help="a draft model to price (checks the tokenizer family)")
+    c.add_argument("--moe-routing-skew", type=float, default=0.0, help="MoE: Zipf exponent of expert popularity")
+    c.add_argument("--expert-parallel", action="store_true", help="MoE: whole experts per GPU, all-to-all")
     c.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=_cost)
@@ -351,6 +387,16 @@ def build_parser() -> argparse.ArgumentParser:
     li.add_argument("catalogue", choices=["gpus", "models", "strategies", "profiles"])
     li.add_argument("--json", action="store_true", help="records as JSON instead of a table")
     li.set_defaults(fn=_list)
+
+    mo = sub.add_parser("models", help="the user model catalogue (models.toml): add a Hugging Face config.json")
+    mo_sub = mo.add_subparsers(dest="models_cmd", required=True)
+    ma = mo_sub.add_parser("add", help="register a config.json on disk under a name (no download)")
+    ma.add_argument("path", help="a Hugging Face config.json")
+    ma.add_argument("--name", default=None, help="the name scenarios use (default: the config's folder name)")
+    ma.add_argument("--catalog", default="models.toml",
+                    help="the catalogue file to write (default ./models.toml; scenarios look next to their file, "
+                         "then in the working directory)")
+    ma.set_defaults(fn=_models_add)
 
     co = sub.add_parser("compare", help="two or more sweep or plan output folders side by side (compare.csv, compare.html)")
     co.add_argument("runs", nargs="+", metavar="RUN", help="sweep output folders (results.parquet) or plan output folders (plan.csv)")

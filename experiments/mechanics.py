@@ -24,6 +24,14 @@ def step_breakdown(sc: Scenario, batch_sizes: list[int] | np.ndarray, context: i
     base_rt = build_runtime(baseline_of(sc))
     spec = rt.spec
     assert spec is not None
+    if spec.shape is not None or spec.draft_window is not None or spec.on_match or spec.host_s_per_seq > 0:
+        # trees, windowed self-drafts, suffix matches: the engine's own step code (fixed_batch_speedup)
+        fb = fixed_batch_speedup(sc, batch_sizes, context, acceptance)
+        return pd.DataFrame({"batch": fb.batch, "plain_decode_s": fb.plain_decode_s, "verify_s": fb.verify_s,
+                             "draft_s": fb.draft_s, "overhead_s": fb.overhead_s, "spec_step_s": fb.spec_step_s,
+                             "plain_tok_s": fb.batch / fb.plain_decode_s,
+                             "spec_tok_s": fb.batch * fb.tokens_per_seq / fb.spec_step_s,
+                             "speedup_at_fixed_batch": fb.speedup})
     k = spec.k
     rows = []
     for b in batch_sizes:
@@ -57,3 +65,50 @@ def breakdown_chart(df: pd.DataFrame) -> go.Figure:
                       title="Where a speculating step's time goes, by batch size",
                       xaxis_title="running sequences (batch)", yaxis_title="step time (ms)")
     return fig
+
+
+def fixed_batch_speedup(sc: Scenario, batch_sizes: list[int] | np.ndarray, context: int,
+                        acceptance: float) -> pd.DataFrame:
+    """MagicDec's measurement (a static batch of `b` sequences, all decoding at `context` tokens):
+    per batch size, the plain decode step, the speculating step of the scenario's method and the
+    decode speedup E[tokens] x plain / speculating step. Priced by the engine's own step code
+    (`Replica._spec_cost` with the method's verification plan), so it is exactly what a
+    simulated step of that batch costs."""
+    import simpy
+
+    from models.speculative import expected_tokens
+    from sim.engine import Replica, Requests, StepLog
+
+    if sc.speculative is None:
+        raise ValueError("fixed_batch_speedup needs a scenario with a [speculative] section")
+    rt = build_runtime(sc)
+    base_rt = build_runtime(baseline_of(sc))
+    spec = rt.spec
+    assert spec is not None
+    k = spec.k
+    tokens_per_seq = (spec.shape.expected_tokens(acceptance, k) if spec.shape is not None
+                      else float(expected_tokens(acceptance, k, spec.decay)))
+    rows = []
+    for b in (int(x) for x in batch_sizes):
+        import dataclasses
+
+        rt_b = dataclasses.replace(rt, max_num_seqs=max(b, rt.max_num_seqs))
+        reqs = Requests(np.zeros(b), np.full(b, context), np.full(b, 10**9), np.full(b, acceptance))
+        rep = Replica(simpy.Environment(), 0, rt_b, reqs, np.random.default_rng(0), StepLog(16))
+        rep.n_running = b
+        rep.rid[:b] = np.arange(b)
+        rep.computed[:b] = rep.target[:b] = context
+        ctx = float(b * context)
+        match = 1.0
+        if spec.on_match:
+            match = float(sc.workload.classes[0].suffix_match or 0.0)
+            reqs.match[:] = match
+        plan = (rep._verify_plan(slice(0, b), k, np.full(b, match) if spec.on_match else None)
+                if rep._general(spec) else None)
+        total_s, target_s, draft_s, over_s, _, _ = rep._spec_cost(b, ctx, k, 0, 0.0, 0.0, 0.0, plan)
+        plain = base_rt.cost.decode_s(b, ctx)
+        emitted = 1.0 + match * (tokens_per_seq - 1.0)
+        rows.append({"batch": b, "context": context, "plain_decode_s": plain, "verify_s": target_s, "draft_s": draft_s,
+                     "overhead_s": over_s, "spec_step_s": total_s, "tokens_per_seq": emitted,
+                     "speedup": emitted * plain / total_s})
+    return pd.DataFrame(rows)

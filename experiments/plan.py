@@ -568,9 +568,13 @@ def _nums(d: dict[str, Any], key: str, default: list[float], **bounds: Any) -> t
 
 
 def builtin_strategies() -> dict[str, Strategy]:
-    """The default sweep's variants, usable by name in plan files."""
-    d = read_toml(default_sweep_path(), "sweep")
-    return {v["name"]: Strategy(v["name"], dict(v.get("set", {}))) for v in d["variants"]}
+    """The default sweep's variants and the further built-in strategies of
+    experiments/sweeps/strategies.toml (not swept by default), usable by name in plan files."""
+    out: dict[str, Strategy] = {}
+    for path in (default_sweep_path(), default_sweep_path().with_name("strategies.toml")):
+        for v in read_toml(path, "sweep")["variants"]:
+            out.setdefault(v["name"], Strategy(v["name"], dict(v.get("set", {}))))
+    return out
 
 
 def _check_reachable(name: str, base: Scenario, strategies: list[Strategy], gpus: tuple[str, ...],

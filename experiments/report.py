@@ -327,6 +327,12 @@ def report_figures(df: pd.DataFrame, sp: pd.DataFrame, *, spec: Any = None,
     ]
     if capacities and any(c.get("curve") for c in capacities.values()):
         figs.append(("capacity", capacity_chart(capacities)))
+    if getattr(spec, "pairs", ()):  # each drafted model against its own undrafted target
+        from experiments.pairs import pair_speedups
+
+        fig = speedup_chart(pair_speedups(df, spec.pairs, load_axis(df)), (HEADLINE,))
+        fig.update_layout(title="Speculation within each model: TPOT speedup over its own reference (pairs)")
+        figs.append(("pairs", fig))
     return figs
 
 
@@ -342,6 +348,11 @@ def write_report(df: pd.DataFrame, sp: pd.DataFrame, out: str | Path, *, spec: A
                                                             div_id=f"chart-{name}") + "</section>")
     title = f"specrack sweep: {spec.name}" if spec else "specrack sweep"
     summary = "".join(f"<li>{html.escape(s)}</li>" for s in summary_text(df, sp, capacities))
+    if getattr(spec, "pairs", ()):
+        from experiments.pairs import pair_lines
+
+        summary += "<li>Speculation within each model (pairs): <ul>" + "".join(
+            f"<li>{html.escape(s)}</li>" for s in pair_lines(df, spec.pairs, load_axis(df))) + "</ul></li>"
     setup = ""
     if spec is not None:
         b = spec.base

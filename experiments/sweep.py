@@ -57,6 +57,9 @@ class SweepSpec:
     variants: tuple[Variant, ...]
     reference: str
     concurrency: tuple[int, ...] = ()  # closed-loop clients per point (a concurrency sweep)
+    # (variant, its own reference): extra paired speedups in the report, e.g. a drafted model
+    # against the same model undrafted when the sweep holds several models (experiments.pairs)
+    pairs: tuple[tuple[str, str], ...] = ()
 
     @property
     def axis(self) -> str:
@@ -164,7 +167,8 @@ def load_sweep(path: str | Path | None = None, quick: bool = False) -> SweepSpec
     for field in ("base", "variants"):
         if field not in d:
             raise ConfigError(f"{p.name}: missing '{field}' (see experiments/sweeps/default.toml)")
-    extra = set(d) - {"name", "base", "utilisation", "concurrency", "seeds", "variants", "reference", "quick", "set"}
+    extra = set(d) - {"name", "base", "utilisation", "concurrency", "seeds", "variants", "reference", "quick", "set",
+                      "pairs"}
     if extra:
         raise ConfigError(f"{p.name}: unknown field(s) {sorted(extra)}")
     if ("utilisation" in d) == ("concurrency" in d):
@@ -195,6 +199,7 @@ def load_sweep(path: str | Path | None = None, quick: bool = False) -> SweepSpec
     ref = d.get("reference", names[0])
     if ref not in names:
         raise ConfigError(f"{p.name}: reference '{ref}' is not a variant (have: {', '.join(names)})")
+    pairs = _pairs(p, d.get("pairs", []), names)
     load_keys = ("workload.utilisation", "workload.rate_rps", "workload.concurrency", "workload.arrival")
     how = ("utilisation list (relative to the reference variant's capacity)" if axis == "utilisation"
            else "concurrency list (closed-loop clients)")
@@ -213,7 +218,23 @@ def load_sweep(path: str | Path | None = None, quick: bool = False) -> SweepSpec
                 sc_v.with_overrides(closed_overrides(clients_t[0]))
         except ConfigError as err:
             raise ConfigError(f"{p.name}: variant '{v.name}': {err}") from None
-    return SweepSpec(d.get("name", p.stem), base, utils_t, seeds_t, tuple(variants), ref, clients_t)
+    return SweepSpec(d.get("name", p.stem), base, utils_t, seeds_t, tuple(variants), ref, clients_t, pairs)
+
+
+def _pairs(p: Path, value: Any, names: list[str]) -> tuple[tuple[str, str], ...]:
+    """`pairs = [["variant", "its reference"], ...]`: both names must be variants, and distinct."""
+    if not isinstance(value, list):
+        raise ConfigError(f'{p.name}: pairs must be a list of [variant, reference] pairs, e.g. [["moe+draft", "moe"]], '
+                          f"got {value!r}")
+    out = []
+    for i, pair in enumerate(value):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)) or pair[0] == pair[1]:
+            raise ConfigError(f"{p.name}: pairs[{i}] must be [variant, reference] (two different variant names), got {pair!r}")
+        for x in pair:
+            if x not in names:
+                raise ConfigError(f"{p.name}: pairs[{i}]: '{x}' is not a variant (have: {', '.join(names)})")
+        out.append((pair[0], pair[1]))
+    return tuple(out)
 
 
 def _curve(cap: dict[str, Any]) -> list[Any]:

@@ -33,6 +33,7 @@ class GPU:
     usd_per_gpu_hour: float  # documented default; always a user input in scenarios
     source: str
     tdp_w: float = float("nan")  # board power (TDP) from the datasheet: what a busy GPU draws
+    fp4_flops: float | None = None  # dense FP4 tensor-core peak (Blackwell); None: no FP4 tensor cores
 
     @property
     def hbm_bytes(self) -> float:
@@ -51,11 +52,24 @@ GPUS: dict[str, GPU] = {
         GPU("h200", "hopper", 141, 4.8e12, 989.4e12, 1978.9e12, 1978.9e12, 900e9, 3.59,
             f"{_HW}; INT8 inferred equal to H100 (same die); price: RunPod 3.59 (deploybase.ai)", tdp_w=700),
         GPU("b200", "blackwell", 180, 8.0e12, 2250e12, 4500e12, 4500e12, 1800e9, 5.98,
-            f"{_HW}; HGX B200 at 1000 W; price: RunPod 5.98 (deploybase.ai)", tdp_w=1000),
+            f"{_HW}; HGX B200 at 1000 W, FP4 9000 dense (hardware.csv notes); price: RunPod 5.98 (deploybase.ai)",
+            tdp_w=1000, fp4_flops=9000e12),
         GPU("l40s", "ada", 48, 0.864e12, 362.05e12, 733e12, 733e12, 32e9, 1.10,
             f"{_HW}; PCIe Gen4 x16, 64 GB/s bidirectional = 32 GB/s each way; price: 0.95-1.20 (yobitel.com, 2026)", tdp_w=350),
         GPU("mi300x", "cdna3", 192, 5.3e12, 1307.4e12, 2614.9e12, 2614.9e12, 896e9, 1.85,
             f"{_HW}; AMD ROCm docs dense peaks; price: Vultr 1.85 (gpu.blog)", tdp_w=750),
+        # not in shared/reference: vendor spec sheets, dense peaks (sparse / 2); prices are placeholders
+        # (always a user input: rack.usd_per_gpu_hour)
+        GPU("h20", "hopper", 96, 4.0e12, 148e12, 296e12, 296e12, 900e9, 1.50,
+            "NVIDIA HGX H20 spec sheet (96 GB HBM3, 4.0 TB/s, FP16/BF16 148 TFLOPS and FP8/INT8 296 dense, "
+            "NVLink 900 GB/s, 400 W); price: assumption, below H100", tdp_w=400),
+        GPU("gb200", "blackwell", 186, 8.0e12, 2500e12, 5000e12, 5000e12, 1800e9, 6.50,
+            "NVIDIA GB200 NVL72 spec sheet per GPU (rack 13.4 TB HBM3e and 576 TB/s over 72 GPUs; "
+            "BF16 5 / FP8 10 / FP4 20 PFLOPS sparse = 2.5 / 5 / 10 dense; NVLink 5 1.8 TB/s; 1200 W per "
+            "GPU as the share of a 2700 W superchip); price: assumption", tdp_w=1200, fp4_flops=10000e12),
+        GPU("mi325x", "cdna3", 256, 6.0e12, 1307.4e12, 2614.9e12, 2614.9e12, 896e9, 2.25,
+            "AMD Instinct MI325X datasheet (256 GB HBM3E, 6.0 TB/s, BF16 1307.4 / FP8 2614.9 TFLOPS dense, "
+            "Infinity Fabric as MI300X, 1000 W); price: assumption, MI300X + 20%", tdp_w=1000),
     )
 }
 
@@ -77,9 +91,22 @@ class LLM:
     params_total: int
     params_active: int  # per token; differs from total for mixture-of-experts
     tokenizer_family: str
-    num_experts: int = 0
+    num_experts: int = 0  # routed experts per MoE layer
     experts_per_token: int = 0
     source: str = "shared/reference/models.json (config.json of the Hugging Face repository)"
+    # mixture of experts (models.hf_config reads these from config.json; docs/MODEL.md)
+    moe_intermediate_size: int = 0  # one expert's FFN width (0: intermediate_size, as Mixtral)
+    num_dense_layers: int = 0  # layers of a MoE model with a dense MLP instead (DeepSeek first_k_dense_replace)
+    num_shared_experts: int = 0  # always-active experts per MoE layer (DeepSeek n_shared_experts)
+    expert_params_each: int = 0  # parameters of one routed expert (0: 3 x hidden x moe width, no biases)
+    # multi-head latent attention (DeepSeek): the KV cache holds kv_lora_rank + qk_rope_head_dim per token and layer
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    # sliding-window attention: num_sliding_layers of the layers keep only the last sliding_window tokens
+    sliding_window: int = 0
+    num_sliding_layers: int = 0
+    mtp_layers: int = 0  # native multi-token-prediction modules (DeepSeek num_nextn_predict_layers), not in params
+    native_weights: str = "bf16"  # the format its checkpoint ships in (config.json torch_dtype / quantization_config)
 
     @property
     def embedding_params(self) -> int:
@@ -94,20 +121,52 @@ class LLM:
         return self.params_active - self.embedding_params
 
     @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a routed mixture of experts (0 for dense models)."""
+        return self.num_layers - self.num_dense_layers if self.num_experts else 0
+
+    @property
+    def expert_ff(self) -> int:
+        """FFN width of one expert (routed or shared)."""
+        return self.moe_intermediate_size or self.intermediate_size
+
+    @property
+    def params_per_expert(self) -> int:
+        return self.expert_params_each or 3 * self.hidden_size * self.expert_ff
+
+    @property
     def expert_params(self) -> int:
-        """Parameters of all routed experts together (0 for dense models)."""
-        if not self.num_experts:
-            return 0
-        return self.num_layers * self.num_experts * 3 * self.hidden_size * self.intermediate_size
+        """Parameters of all routed experts together (0 for dense models); shared experts are
+        dense weights (every token reads them)."""
+        return self.moe_layers * self.num_experts * self.params_per_expert
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3): a compressed KV cache."""
+        return self.kv_lora_rank > 0
+
+    def kv_elements_per_token_layer(self) -> int:
+        """KV elements one token stores in one layer: K and V of every KV head (GQA), or the
+        compressed latent plus the decoupled RoPE key for MLA (shared by all heads)."""
+        if self.mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.num_kv_heads * self.head_dim
 
     def kv_elements_per_token(self) -> int:
-        """K and V elements stored per token over all layers (GQA-aware)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+        """KV elements stored per token over all layers, as if every layer kept the whole context
+        (a sliding-window layer keeps at most its window: models.cost bounds it)."""
+        return self.num_layers * self.kv_elements_per_token_layer()
 
 
 _LLAMA3 = "llama3"  # one tokenizer for Llama-3.x (3.2-1B/3B can draft for 3.1-8B/70B/405B)
 _QWEN25 = "qwen2.5"  # shared tokenizer (vocabulary padded differently in small vs large models)
 _MISTRAL = "mistral-v0.1"  # Mistral-7B-v0.1 and Mixtral-8x7B-v0.1 share vocab 32000
+
+
+def _hf(repo: str) -> str:
+    """Where a catalogue model's figures come from: its config.json (parameters counted from it by
+    models.hf_config; they match the model card's totals within 0.5%)."""
+    return f"https://huggingface.co/{repo}/blob/main/config.json"
 
 MODELS: dict[str, LLM] = {
     m.name: m
@@ -134,6 +193,32 @@ MODELS: dict[str, LLM] = {
             7241732096, 7241732096, _MISTRAL),
         LLM("mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1", 32, 4096, 32, 8, 128, 14336, 32000, False,
             46702792704, 12879925248, _MISTRAL, num_experts=8, experts_per_token=2),
+        # 2025-2026 models: figures from each repository's config.json (tests/fixtures/hf_configs hold
+        # copies; tests/test_hf_config.py checks these records against models.hf_config of them)
+        LLM("llama-3.3-70b", "meta-llama/Llama-3.3-70B-Instruct", 80, 8192, 64, 8, 128, 28672, 128256, False, 70553706496, 70553706496, 'llama3',
+            source=_hf("meta-llama/Llama-3.3-70B-Instruct")),
+        LLM("qwen3-0.6b", "Qwen/Qwen3-0.6B", 28, 1024, 16, 8, 128, 3072, 151936, True, 596049920, 596049920, 'qwen3',
+            source=_hf("Qwen/Qwen3-0.6B")),
+        LLM("qwen3-1.7b", "Qwen/Qwen3-1.7B", 28, 2048, 16, 8, 128, 6144, 151936, True, 1720574976, 1720574976, 'qwen3',
+            source=_hf("Qwen/Qwen3-1.7B")),
+        LLM("qwen3-4b", "Qwen/Qwen3-4B", 36, 2560, 32, 8, 128, 9728, 151936, True, 4022468096, 4022468096, 'qwen3',
+            source=_hf("Qwen/Qwen3-4B")),
+        LLM("qwen3-8b", "Qwen/Qwen3-8B", 36, 4096, 32, 8, 128, 12288, 151936, False, 8190735360, 8190735360, 'qwen3',
+            source=_hf("Qwen/Qwen3-8B")),
+        LLM("qwen3-32b", "Qwen/Qwen3-32B", 64, 5120, 64, 8, 128, 25600, 151936, False, 32762123264, 32762123264, 'qwen3',
+            source=_hf("Qwen/Qwen3-32B")),
+        LLM("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", 48, 2048, 32, 4, 128, 6144, 151936, False, 30532122624, 3353032704, 'qwen3',
+            source=_hf("Qwen/Qwen3-30B-A3B"), num_experts=128, experts_per_token=8, moe_intermediate_size=768, expert_params_each=4718592),
+        LLM("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", 94, 4096, 64, 4, 128, 12288, 151936, False, 235093634560, 22190763520, 'qwen3',
+            source=_hf("Qwen/Qwen3-235B-A22B"), num_experts=128, experts_per_token=8, moe_intermediate_size=1536, expert_params_each=18874368),
+        LLM("deepseek-v3", "deepseek-ai/DeepSeek-V3", 61, 7168, 128, 128, 192, 18432, 129280, False, 671026419200, 37552297472, 'deepseek-v3',
+            source=_hf("deepseek-ai/DeepSeek-V3"), num_experts=256, experts_per_token=8, moe_intermediate_size=2048, num_dense_layers=3, num_shared_experts=1, expert_params_each=44040192, kv_lora_rank=512, qk_rope_head_dim=64, mtp_layers=1, native_weights='fp8'),
+        LLM("deepseek-r1", "deepseek-ai/DeepSeek-R1", 61, 7168, 128, 128, 192, 18432, 129280, False, 671026419200, 37552297472, 'deepseek-v3',
+            source=_hf("deepseek-ai/DeepSeek-R1") + " (the DeepSeek-V3 architecture)", num_experts=256, experts_per_token=8, moe_intermediate_size=2048, num_dense_layers=3, num_shared_experts=1, expert_params_each=44040192, kv_lora_rank=512, qk_rope_head_dim=64, mtp_layers=1, native_weights='fp8'),
+        LLM("gpt-oss-20b", "openai/gpt-oss-20b", 24, 2880, 64, 8, 64, 2880, 201088, False, 20914757184, 4187440704, 'o200k_harmony',
+            source=_hf("openai/gpt-oss-20b"), num_experts=32, experts_per_token=4, moe_intermediate_size=2880, expert_params_each=24891840, sliding_window=128, num_sliding_layers=12, native_weights='mxfp4'),
+        LLM("gpt-oss-120b", "openai/gpt-oss-120b", 36, 2880, 64, 8, 64, 2880, 201088, False, 116829156672, 5711982912, 'o200k_harmony',
+            source=_hf("openai/gpt-oss-120b"), num_experts=128, experts_per_token=4, moe_intermediate_size=2880, expert_params_each=24891840, sliding_window=128, num_sliding_layers=18, native_weights='mxfp4'),
         # Used only by the MLPerf calibration anchors. Same shape as Llama-3.1-70B with vocab 32000;
         # parameter count computed from that shape (80 x (4 x 8192^2 x 1.25 ... ) + embeddings).
         LLM("llama-2-70b", "meta-llama/Llama-2-70b-hf", 80, 8192, 64, 8, 128, 28672, 32000, False,
@@ -150,7 +235,7 @@ class WeightFormat:
 
     name: str
     bytes_per_param: float  # including quantisation scales
-    compute: str  # "bf16" | "fp8" | "int8": which GPU peak applies to the matmuls
+    compute: str  # "bf16" | "fp8" | "int8" | "fp4": which GPU peak applies to the matmuls
     dequant_flops_factor: float  # extra compute for dequantisation (W4A16 dequantises in the kernel)
     source: str
 
@@ -164,6 +249,10 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
                      "(vLLM FP8 docs)"),
         WeightFormat("int8", 1.0, "int8", 1.0,
                      "W8A8-INT8 SmoothQuant: INT8 tensor cores (SmoothQuant README)"),
+        WeightFormat("mxfp4", 0.5 + 1.0 / 32, "fp4", 1.1,
+                     "OCP MXFP4 (gpt-oss checkpoints): 4-bit e2m1 weights plus one 8-bit scale per block of "
+                     "32 (0.53125 B/param); FP4 tensor cores where the GPU has them (Blackwell), else BF16 "
+                     "after in-kernel dequantisation, +10% matmul work as int4"),
         WeightFormat("int4", 0.5 + 2.0 / 128, "bf16", 1.1,
                      "W4A16 GPTQ/AWQ: 4-bit weights plus one bf16 scale per group of 128 "
                      "(0.5156 B/param); BF16 tensor cores after in-kernel dequantisation, "
@@ -234,4 +323,6 @@ def peak_flops(gpu: GPU, weights: WeightFormat) -> float:
         return gpu.fp8_flops
     if weights.compute == "int8":
         return gpu.int8_ops
+    if weights.compute == "fp4" and gpu.fp4_flops is not None:
+        return gpu.fp4_flops
     return gpu.bf16_flops

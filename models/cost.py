@@ -10,10 +10,14 @@ tokens already in its KV cache (`context`). The step is charged
     compute_s  = FLOPs / (peak x mfu(tokens))      matmuls: 2 x active params per token,
                                                    attention: 4 x layers x heads x head_dim per
                                                    (query, key) pair, quadratic inside a chunk
-    memory_s   = bytes / (HBM bandwidth x bw_eff)   weights once per step (read by all tokens),
-                                                   KV read once per sequence (shared by its k+1
-                                                   verified tokens), KV written, activations
-    comm_s     = 2 all-reduces per layer (tensor parallel), each latency + ring volume / link
+    memory_s   = bytes / (HBM bandwidth x bw_eff)   weights once per step (read by all tokens;
+                                                   for MoE the routed experts the step's tokens
+                                                   touch, `expected_experts`), KV read once per
+                                                   sequence (shared by its k+1 verified tokens;
+                                                   a sliding-window layer at most its window),
+                                                   KV written, activations
+    comm_s     = 2 all-reduces per layer (tensor parallel), each latency + ring volume / link;
+                 with expert parallelism a MoE layer's second one is an all-to-all pair
     overhead_s = per-layer launch overhead of each forward pass, plus, for an engine step, the
                  per-step overhead and the per-sequence host cost x sequences, or, for a draft
                  pass (`step_overhead=False`), the per-draft-pass overhead
@@ -52,6 +56,52 @@ from models.errors import ConfigError
 __all__ = ["ACT_BYTES", "CostModel", "Efficiency", "ServiceTimeCost", "StepCost", "check_tp", "efficiency_for"]
 
 ACT_BYTES = 2.0  # activations and all-reduce payloads are bf16 in every format we model
+
+
+def expert_inclusion(num_experts: int, k: int, skew: float = 0.0) -> np.ndarray:
+    """Probability that one token routes to each expert of a MoE layer (they sum to k).
+
+    Uniform routing (`skew` 0): k / E each. With skew s > 0, expert popularity follows a Zipf law
+    p_e ~ e^-s (e = 1..E) and a token picks a fixed-size sample of k distinct experts with
+    inclusion probabilities pi_e = k p_e, capped at 1 with the excess spread over the others in
+    proportion (a sample with exactly these inclusion probabilities exists: systematic sampling,
+    which tests/test_moe.py draws). An assumption, stated in docs/MODEL.md: real routers are
+    skewed per layer and per domain; s is a what-if input (`deployment.moe_routing_skew`)."""
+    if num_experts < 1 or not 1 <= k <= num_experts:
+        raise ConfigError(f"experts per token must be in 1..{num_experts}, got {k}")
+    if skew < 0 or not np.isfinite(skew):
+        raise ConfigError(f"moe_routing_skew must be >= 0, got {skew}")
+    p = np.arange(1, num_experts + 1, dtype=np.float64) ** -float(skew)
+    pi = k * p / p.sum()
+    for _ in range(num_experts):  # cap at 1, redistribute the excess (terminates: one more expert capped each pass)
+        over = pi > 1.0
+        if not over.any():
+            break
+        free = ~over & (pi < 1.0)
+        excess = (pi[over] - 1.0).sum()
+        pi[over] = 1.0
+        pi[free] += excess * pi[free] / pi[free].sum()
+    return pi
+
+
+def expected_experts(tokens: float | np.ndarray, num_experts: int, k: int, skew: float = 0.0) -> float | np.ndarray:
+    """Expected distinct experts of one MoE layer touched by `tokens` tokens, each routed to k of
+    E experts independently of the others:
+
+        E[touched] = sum_e 1 - (1 - pi_e)^T,   uniform: E (1 - (1 - k/E)^T)
+
+    Derivation: expert e is missed by one token with probability C(E-1, k)/C(E, k) = 1 - k/E
+    (uniform; 1 - pi_e in general), by T independent tokens with that to the power T; linearity of
+    expectation sums the indicator "touched" over the experts. Exact for sampling without
+    replacement inside a token (only the marginal pi_e enters). Monotone in T, from k at T = 1 to
+    E as T grows (the weights of all experts are then read)."""
+    pi = expert_inclusion(num_experts, k, skew)
+    t = np.asarray(tokens, dtype=np.float64)
+    if skew == 0.0:
+        out = num_experts * (1.0 - (1.0 - k / num_experts) ** t)
+    else:
+        out = (1.0 - (1.0 - pi)[:, None] ** t.reshape(1, -1)).sum(axis=0).reshape(t.shape)
+    return float(out) if np.ndim(out) == 0 else out
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +151,9 @@ class CostModel:
         kv_cache: KVFormat | str = "bf16",
         efficiency: Efficiency | None = None,
         engine: str = DEFAULT_PROFILE,
+        *,
+        moe_routing_skew: float = 0.0,
+        expert_parallel: bool = False,
     ) -> None:
         self.model = get_model(model) if isinstance(model, str) else model
         self.gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
@@ -113,25 +166,127 @@ class CostModel:
         self.peak = peak_flops(g, self.weights)
         self.mfu_max = e.mfu_max if self.weights.name == "bf16" else e.mfu_max_quant
         self.bw = g.mem_bw_bytes_s * e.bw_eff
-        # weights per GPU; for MoE the routed experts are split out (only touched experts are read)
+        # weights per GPU; for MoE the routed experts are split out (only touched experts are read):
+        # expert bytes per GPU x expected touched fraction (expected_experts / E), the same mean with
+        # experts sharded by tensor parallelism (each GPU a 1/tp slice of every expert) and with
+        # expert parallelism (each GPU E/tp whole experts)
         total_w = weight_bytes(m, self.weights) / tp
         expert_w = m.expert_params * self.weights.bytes_per_param / tp
         self.dense_weight_bytes = total_w - expert_w
         self.expert_weight_bytes = expert_w
         self.weight_bytes_per_gpu = total_w
+        self.moe_routing_skew = float(moe_routing_skew)
+        self.expert_parallel = bool(expert_parallel) and m.num_experts > 0
+        self._miss = (1.0 - expert_inclusion(m.num_experts, m.experts_per_token, moe_routing_skew)
+                      if m.num_experts else np.zeros(0))
+        self._uniform_miss = 1.0 - m.experts_per_token / m.num_experts if m.num_experts else 1.0
         self.flops_per_token = 2.0 * m.matmul_params_active * self.weights.dequant_flops_factor / tp
-        self.attn_flops_per_pair = 4.0 * m.num_layers * m.num_heads * m.head_dim / tp
-        kv_heads_gpu = max(1.0, m.num_kv_heads / tp)  # KV heads are replicated when tp > kv_heads
-        self.kv_bytes_per_token_gpu = 2 * m.num_layers * kv_heads_gpu * m.head_dim * self.kv.bytes_per_element
+        # attention FLOPs per (query, key) pair: q.k and p.v over head_dim for every head; MLA in its
+        # absorbed form (the decode kernels: FlashMLA, vLLM/SGLang) scores against the latent
+        # (kv_lora_rank + rope dims) and reads values from it (kv_lora_rank)
+        per_head = 2.0 * (2 * m.kv_lora_rank + m.qk_rope_head_dim) if m.mla else 4.0 * m.head_dim
+        self.attn_flops_per_pair = m.num_layers * m.num_heads * per_head / tp
+        # KV per token per GPU: GQA heads are split by TP (replicated when tp > kv_heads); the MLA
+        # latent is shared by all heads, so every GPU holds all of it
+        kv_heads_gpu = max(1.0, m.num_kv_heads / tp)
+        layer_elems = m.kv_elements_per_token_layer() if m.mla else 2 * kv_heads_gpu * m.head_dim
+        layer_bytes = layer_elems * self.kv.bytes_per_element
+        # sliding-window layers keep (and read) at most `window` tokens of each sequence
+        self.window = m.sliding_window if m.num_sliding_layers else 0
+        n_win = m.num_sliding_layers if self.window else 0
+        self.kv_win_bytes_per_token_gpu = n_win * layer_bytes
+        self.kv_full_bytes_per_token_gpu = (m.num_layers - n_win) * layer_bytes
+        # paged blocks hold the full-attention layers' KV (all layers' when every layer is windowed);
+        # the windowed layers' is bounded per sequence (window_kv_bytes)
+        self.kv_bytes_per_token_gpu = self.kv_full_bytes_per_token_gpu or self.kv_win_bytes_per_token_gpu
+        self._win_in_blocks = self.kv_full_bytes_per_token_gpu == 0.0
+        self.kv_write_bytes_per_token_gpu = self.kv_full_bytes_per_token_gpu + self.kv_win_bytes_per_token_gpu
+        self.attn_win_flops_per_pair = self.attn_flops_per_pair * n_win / m.num_layers
+        self.attn_full_flops_per_pair = self.attn_flops_per_pair - self.attn_win_flops_per_pair
         # activation traffic per token: replicated hidden-size tensors (norms, residual) plus the
-        # sharded projections' inputs and outputs, read once and written once
-        d, ff = m.hidden_size, m.intermediate_size
+        # sharded projections' inputs and outputs, read once and written once; a MoE layer's MLP
+        # activations are those of its k routed and shared experts
+        d = m.hidden_size
+        ff: float = m.intermediate_size
+        if m.num_experts:
+            moe_ff = (m.experts_per_token + m.num_shared_experts) * m.expert_ff
+            ff = (m.num_dense_layers * m.intermediate_size + m.moe_layers * moe_ff) / m.num_layers
         q_kv = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim
         self.act_bytes_per_token = m.num_layers * ACT_BYTES * (4 * d + (q_kv + d + 3 * ff + d * 2) / tp)
+        # tensor parallel: 2 all-reduces per layer. Expert parallel: a MoE layer's second one is an
+        # all-to-all dispatch plus combine instead: each GPU sends its 1/tp share of the tokens to
+        # the other GPUs holding their k experts (deduplicated per GPU, as DeepEP does) and back
         self.n_allreduce = 0 if tp == 1 else 2 * m.num_layers
         self.ring_factor = 2.0 * (tp - 1) / tp
+        self.n_alltoall = 0
+        self.a2a_factor = 0.0
+        if self.expert_parallel and tp > 1:
+            ex, k, per = m.num_experts, m.experts_per_token, m.num_experts // tp
+            # P(a token sends nothing to a given other GPU) = C(E - E/tp, k) / C(E, k)
+            miss = float(np.prod([(ex - per - i) / (ex - i) for i in range(k)])) if ex - per >= k else 0.0
+            self.n_allreduce -= m.moe_layers
+            self.n_alltoall = 2 * m.moe_layers
+            self.a2a_factor = (tp - 1) * (1.0 - miss) / tp
         self.comm_bw = g.interconnect_bytes_s * e.comm_eff
         self.pass_overhead_s = m.num_layers * e.layer_overhead_s
+
+    # ------------------------------------------------------------------ MoE, windows
+    @property
+    def affine_in_context(self) -> bool:
+        """Whether a step's duration is affine in the batch's context at a fixed batch (what step
+        fusion assumes); a sliding window bounds the KV read per sequence, which is not."""
+        return not self.window
+
+    def touched_fraction(self, tokens: float) -> float:
+        """Expected share of a MoE layer's routed experts that `tokens` tokens touch (0 for dense)."""
+        if not self.expert_weight_bytes:
+            return 0.0
+        if self.moe_routing_skew == 0.0:
+            return 1.0 - self._uniform_miss ** tokens
+        return float((1.0 - self._miss ** tokens).sum()) / self._miss.size
+
+    def _touched_many(self, t: np.ndarray) -> np.ndarray:
+        if self.moe_routing_skew == 0.0:
+            return 1.0 - self._uniform_miss ** t
+        return (1.0 - self._miss[:, None] ** t.reshape(1, -1)).sum(axis=0).reshape(t.shape) / self._miss.size
+
+    def _weights_read(self, tokens: float) -> float:
+        w = self.dense_weight_bytes
+        if self.expert_weight_bytes:
+            w += self.expert_weight_bytes * self.touched_fraction(tokens)
+        return w
+
+    def _kv_read(self, num_seqs: float, context_tokens: float) -> float:
+        """KV bytes read: full layers the whole context, windowed layers at most `window` tokens of
+        each sequence (min(context, sequences x window): exact when all sequences are on one side of
+        the window, an upper bound otherwise)."""
+        if not self.window:
+            return self.kv_bytes_per_token_gpu * context_tokens
+        win = min(context_tokens, num_seqs * self.window)
+        return self.kv_full_bytes_per_token_gpu * context_tokens + self.kv_win_bytes_per_token_gpu * win
+
+    def _attn_flops(self, tokens: float, attn_pairs: float) -> float:
+        if not self.window:
+            return self.attn_flops_per_pair * attn_pairs
+        return (self.attn_full_flops_per_pair * attn_pairs
+                + self.attn_win_flops_per_pair * min(attn_pairs, tokens * self.window))
+
+    def _comm_s(self, tokens: float) -> float:
+        if not self.n_allreduce and not self.n_alltoall:
+            return 0.0
+        e = self.eff
+        payload = tokens * self.model.hidden_size * ACT_BYTES
+        comm = self.n_allreduce * (e.allreduce_latency_s + self.ring_factor * payload / self.comm_bw)
+        if self.n_alltoall:
+            comm += self.n_alltoall * (e.allreduce_latency_s + self.a2a_factor * payload / self.comm_bw)
+        return comm
+
+    def window_kv_bytes(self, num_seqs: int) -> float:
+        """KV bytes per GPU the windowed layers hold for `num_seqs` sequences at most (their whole
+        windows), reserved by the memory planner apart from the paged blocks."""
+        if not self.window or self._win_in_blocks:
+            return 0.0
+        return self.kv_win_bytes_per_token_gpu * self.window * num_seqs
 
     # ------------------------------------------------------------------ core
     def step_sums(
@@ -147,30 +302,27 @@ class CostModel:
         (query, key) pairs = sum(new * context + new * (new + 1) / 2)."""
         if tokens <= 0:
             return _ZERO
-        m, e = self.model, self.eff
-        flops = self.flops_per_token * tokens + self.attn_flops_per_pair * attn_pairs
+        e = self.eff
+        # the common case (dense, no window, TP) inline: this runs once per engine step
+        attn_f = self._attn_flops(tokens, attn_pairs) if self.window else self.attn_flops_per_pair * attn_pairs
+        flops = self.flops_per_token * tokens + attn_f
         w = self.dense_weight_bytes
         if self.expert_weight_bytes:
-            touched = 1.0 - (1.0 - m.experts_per_token / m.num_experts) ** tokens
-            w += self.expert_weight_bytes * touched
-        kv_r = self.kv_bytes_per_token_gpu * context_tokens
-        kv_w = self.kv_bytes_per_token_gpu * tokens
+            w += self.expert_weight_bytes * self.touched_fraction(tokens)
+        kv_r = self._kv_read(num_seqs, context_tokens) if self.window else self.kv_bytes_per_token_gpu * context_tokens
+        kv_w = self.kv_write_bytes_per_token_gpu * tokens
         act = self.act_bytes_per_token * tokens
         mfu = self.mfu_max * tokens / (tokens + e.mfu_half_tokens)
         # two kernel classes, each its own roofline: the linear layers (weights, activations) and
         # attention (KV cache); a step is the sum, since they run one after the other
         lin_c = self.flops_per_token * tokens / (self.peak * mfu)
-        attn_c = self.attn_flops_per_pair * attn_pairs / (self.peak * self.mfu_max)  # per-sequence kernels
+        attn_c = attn_f / (self.peak * self.mfu_max)  # per-sequence kernels
         lin_m = (w + act) / self.bw
         attn_m = (kv_r + kv_w) / self.bw
         compute_s = lin_c + attn_c
         memory_s = lin_m + attn_m
         busy = (lin_c if lin_c > lin_m else lin_m) + (attn_c if attn_c > attn_m else attn_m)
-        if self.n_allreduce:
-            payload = tokens * m.hidden_size * ACT_BYTES
-            comm_s = self.n_allreduce * (e.allreduce_latency_s + self.ring_factor * payload / self.comm_bw)
-        else:
-            comm_s = 0.0
+        comm_s = self._comm_s(tokens) if self.n_allreduce else 0.0
         seq_s = e.seq_overhead_s * num_seqs if step_overhead else 0.0
         overhead_s = self.pass_overhead_s + (e.step_overhead_s if step_overhead else e.draft_pass_overhead_s) + seq_s
         total = busy + comm_s + overhead_s
@@ -184,13 +336,24 @@ class CostModel:
         t = np.maximum(np.asarray(tokens, dtype=np.float64), 1e-12)
         w = np.full_like(t, self.dense_weight_bytes)
         if self.expert_weight_bytes:
-            w = w + self.expert_weight_bytes * (1.0 - (1.0 - m.experts_per_token / m.num_experts) ** t)
+            w = w + self.expert_weight_bytes * self._touched_many(t)
         mfu = self.mfu_max * t / (t + e.mfu_half_tokens)
         lin = np.maximum(self.flops_per_token * t / (self.peak * mfu), (w + self.act_bytes_per_token * t) / self.bw)
-        attn = np.maximum(self.attn_flops_per_pair * np.asarray(attn_pairs) / (self.peak * self.mfu_max),
-                          self.kv_bytes_per_token_gpu * (np.asarray(context_tokens) + t) / self.bw)
-        comm = (self.n_allreduce * (e.allreduce_latency_s + self.ring_factor * t * m.hidden_size * ACT_BYTES / self.comm_bw)
+        pairs = np.asarray(attn_pairs, dtype=np.float64)
+        ctx = np.asarray(context_tokens, dtype=np.float64)
+        if self.window:
+            attn_f = self.attn_full_flops_per_pair * pairs + self.attn_win_flops_per_pair * np.minimum(pairs, t * self.window)
+            kv = (self.kv_full_bytes_per_token_gpu * ctx + self.kv_win_bytes_per_token_gpu * np.minimum(ctx, num_seqs * self.window)
+                  + (self.kv_full_bytes_per_token_gpu + self.kv_win_bytes_per_token_gpu) * t)
+        else:
+            attn_f = self.attn_flops_per_pair * pairs
+            kv = self.kv_bytes_per_token_gpu * (ctx + t)
+        attn = np.maximum(attn_f / (self.peak * self.mfu_max), kv / self.bw)
+        payload = t * m.hidden_size * ACT_BYTES
+        comm = (self.n_allreduce * (e.allreduce_latency_s + self.ring_factor * payload / self.comm_bw)
                 if self.n_allreduce else 0.0)
+        if self.n_alltoall:
+            comm = comm + self.n_alltoall * (e.allreduce_latency_s + self.a2a_factor * payload / self.comm_bw)
         over = self.pass_overhead_s + (e.step_overhead_s + e.seq_overhead_s * num_seqs if step_overhead
                                        else e.draft_pass_overhead_s)
         return np.where(np.asarray(tokens) > 0, lin + attn + comm + over, 0.0)
@@ -200,38 +363,31 @@ class CostModel:
         duration of a plain decode step (one new token per sequence), with the same floating-point
         operations in the same order (bit-identical), without building the breakdown: a fused run
         of decode steps prices its first and last step with it."""
-        m, e = self.model, self.eff
+        e = self.eff
         tokens = num_seqs * 1 + 0.0
         attn_pairs = context_tokens + num_seqs
         w = self.dense_weight_bytes
         if self.expert_weight_bytes:
-            touched = 1.0 - (1.0 - m.experts_per_token / m.num_experts) ** tokens
-            w += self.expert_weight_bytes * touched
-        kv_r = self.kv_bytes_per_token_gpu * context_tokens
-        kv_w = self.kv_bytes_per_token_gpu * tokens
+            w += self.expert_weight_bytes * self.touched_fraction(tokens)
+        kv_r = self._kv_read(num_seqs, context_tokens) if self.window else self.kv_bytes_per_token_gpu * context_tokens
+        kv_w = self.kv_write_bytes_per_token_gpu * tokens
         act = self.act_bytes_per_token * tokens
         mfu = self.mfu_max * tokens / (tokens + e.mfu_half_tokens)
         lin_c = self.flops_per_token * tokens / (self.peak * mfu)
-        attn_c = self.attn_flops_per_pair * attn_pairs / (self.peak * self.mfu_max)
+        attn_f = self._attn_flops(tokens, attn_pairs) if self.window else self.attn_flops_per_pair * attn_pairs
+        attn_c = attn_f / (self.peak * self.mfu_max)
         lin_m = (w + act) / self.bw
         attn_m = (kv_r + kv_w) / self.bw
         busy = (lin_c if lin_c > lin_m else lin_m) + (attn_c if attn_c > attn_m else attn_m)
-        if self.n_allreduce:
-            payload = tokens * m.hidden_size * ACT_BYTES
-            comm_s = self.n_allreduce * (e.allreduce_latency_s + self.ring_factor * payload / self.comm_bw)
-        else:
-            comm_s = 0.0
+        comm_s = self._comm_s(tokens) if self.n_allreduce else 0.0
         overhead_s = self.pass_overhead_s + e.step_overhead_s + e.seq_overhead_s * num_seqs
         return busy + comm_s + overhead_s
 
     def run_sums(self, tokens: float, context_sum: float, pairs_sum: float, steps: int) -> tuple[float, float]:
         """(FLOPs, bytes) summed over `steps` engine steps of `tokens` new tokens each, whose
         contexts and attention pairs sum to `context_sum` and `pairs_sum` (per GPU; the step
-        formulas are linear in both)."""
-        m = self.model
-        w = self.dense_weight_bytes
-        if self.expert_weight_bytes:
-            w += self.expert_weight_bytes * (1.0 - (1.0 - m.experts_per_token / m.num_experts) ** tokens)
+        formulas are linear in both, without a sliding window: `affine_in_context`)."""
+        w = self._weights_read(tokens)  # the experts a step touches depend on its tokens, not the context
         flops = steps * self.flops_per_token * tokens + self.attn_flops_per_pair * pairs_sum
         nbytes = steps * (w + (self.kv_bytes_per_token_gpu + self.act_bytes_per_token) * tokens) \
             + self.kv_bytes_per_token_gpu * context_sum

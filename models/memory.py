@@ -7,7 +7,9 @@
 The activation reserve is the peak of one forward pass over `max_num_batched_tokens` tokens
 (hidden states, the widest MLP intermediate, fp32 logits for `max_num_seqs` rows), which is what
 vLLM's profiling run measures; the runtime reserve (CUDA context, NCCL and CUDA-graph buffers) is
-taken as 1.5 GiB per GPU, the order vLLM logs as "non-torch memory" on Hopper.
+taken as 1.5 GiB per GPU, the order vLLM logs as "non-torch memory" on Hopper. Sliding-window
+layers (gpt-oss) keep at most their window of each sequence: their KV is reserved as
+max_num_seqs x window tokens (in `extra_bytes`), and the paged blocks hold the full layers' KV.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def plan_memory(
     act = max_num_batched_tokens * (4 * m.hidden_size + 2 * m.intermediate_size / tp) * 2.0
     act += max_num_seqs * m.vocab_size / tp * 4.0
     kv_tok = cost.kv_bytes_per_token_gpu + extra_kv_bytes_per_token
+    # sliding-window layers hold at most their window per running sequence: reserved apart
+    extra_bytes = extra_bytes + cost.window_kv_bytes(max_num_seqs)
     pool = usable - cost.weight_bytes_per_gpu - act - RUNTIME_RESERVE_BYTES - extra_bytes
     if pool < kv_tok * BLOCK_SIZE:
         need = cost.weight_bytes_per_gpu + act + RUNTIME_RESERVE_BYTES + extra_bytes + kv_tok * BLOCK_SIZE

@@ -89,3 +89,87 @@ def acceptance_at_quantile(q: np.ndarray, mean: np.ndarray, spread: np.ndarray) 
 def sample_acceptance(rng: np.random.Generator, mean: np.ndarray, spread: np.ndarray) -> np.ndarray:
     """Per-request acceptance rates drawn from each class's Beta distribution."""
     return acceptance_at_quantile(rng.random(np.asarray(mean).size), mean, spread)
+
+
+# ----------------------------------------------------------------------------- per-depth shapes and trees
+
+
+class DraftShape:
+    """Per-depth acceptance of a speculation method and the shape of what it drafts.
+
+    Depth i (1-based) of a verification has a top-1 candidate accepted with probability
+    p_i = a x f_i, where a is the request's acceptance and f_i the method's depth profile
+    (f_i = decay^(i-1), or an explicit list). A token tree (Medusa, EAGLE-2/3, SpecInfer) gives
+    every node of depth i-1 `branching[i]` children, the top-b candidates of the drafter.
+    Under Sequoia's positional-acceptance model (Chen et al. 2024, arXiv 2402.12374) the r-th
+    ranked child is accepted, given the higher-ranked ones were rejected, with probability
+    p_i x g^(r-1) (g = `rank_decay`), so depth i is reached from depth i-1 with probability
+
+        P_i = 1 - prod_{r=1..b_i} (1 - p_i g^(r-1))            (P_i = p_i for a chain, b_i = 1)
+
+    and a verification emits 1 + sum_{i<=k} prod_{j<=i} P_j tokens (the accepted path plus the
+    target's own token). The tree verifies every node: 1 + sum_{i<=k} N_i tokens per sequence,
+    N_i = b_1 ... b_i nodes at depth i. A chain (every b_i = 1) is the plain case."""
+
+    def __init__(self, factors: tuple[float, ...], branching: tuple[int, ...] | None = None,
+                 rank_decay: float = 1.0) -> None:
+        self.factors = np.asarray(factors, dtype=np.float64)
+        k_max = self.factors.size
+        self.branching = np.ones(k_max, dtype=np.int64) if branching is None else np.asarray(branching, dtype=np.int64)
+        if self.branching.size != k_max:
+            raise ValueError("branching needs one entry per depth")
+        self.rank_decay = float(rank_decay)
+        self.chain = bool((self.branching == 1).all())
+        self.per_depth = np.cumprod(self.branching)  # N_i, nodes at depth i
+        self.cum_nodes = np.concatenate([[0], np.cumsum(self.per_depth)])  # nodes in depths 1..k
+
+    @property
+    def k_max(self) -> int:
+        return int(self.factors.size)
+
+    def nodes(self, k: int) -> int:
+        """Drafted tokens per sequence for depth k (tree nodes; k for a chain)."""
+        return int(self.cum_nodes[k])
+
+    def parents(self, k: int) -> np.ndarray:
+        """Tokens the drafter runs on at each depth 1..k: the nodes of the depth above (1 at the root)."""
+        return np.concatenate([[1], self.per_depth[: max(0, k - 1)]])[:k].astype(np.float64)
+
+    def probs(self, a: np.ndarray, k: int) -> np.ndarray:
+        """(sequences, k) probabilities P_i of reaching depth i from depth i - 1."""
+        a = np.asarray(a, dtype=np.float64)
+        p = np.minimum(a[:, None] * self.factors[None, :k], 1.0)
+        if self.chain:
+            return p
+        out = np.ones_like(p)
+        for i in range(k):
+            b = int(self.branching[i])
+            ranks = self.rank_decay ** np.arange(b)
+            out[:, i] = 1.0 - np.prod(1.0 - np.minimum(p[:, i : i + 1] * ranks[None, :], 1.0), axis=1)
+        return out
+
+    def expected_tokens_table(self, a: np.ndarray, k_max: int | None = None) -> np.ndarray:
+        """E[tokens per verification] for each sequence (rows) and each depth k = 0..k_max."""
+        k_max = self.k_max if k_max is None else k_max
+        a = np.asarray(a, dtype=np.float64)
+        surv = np.cumprod(self.probs(a, k_max), axis=1)
+        return np.concatenate([np.ones((a.size, 1)), 1.0 + np.cumsum(surv, axis=1)], axis=1)
+
+    def expected_tokens(self, a: float, k: int | None = None) -> float:
+        k = self.k_max if k is None else k
+        return float(self.expected_tokens_table(np.array([a]), k)[0, k])
+
+    def sample(self, rng: np.random.Generator, a: np.ndarray, k: int) -> np.ndarray:
+        """Accepted depth per sequence, in [0, k]: depth i is reached with probability P_i."""
+        a = np.asarray(a, dtype=np.float64)
+        if k <= 0 or a.size == 0:
+            return np.zeros(a.size, dtype=np.int64)
+        passed = rng.random((a.size, k)) < self.probs(a, k)
+        return np.where(passed.all(axis=1), k, np.argmin(passed, axis=1)).astype(np.int64)
+
+
+def depth_factors(k_max: int, decay: float = 1.0, profile: tuple[float, ...] | None = None) -> tuple[float, ...]:
+    """Per-depth factors f_1..f_k_max: an explicit profile (relative to depth 1), else decay^(i-1)."""
+    if profile is not None:
+        return tuple(float(x) for x in profile[:k_max])
+    return tuple(float(x) for x in decay ** np.arange(k_max))

@@ -10,11 +10,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from models.calibration import load_efficiency
-from models.catalog import LLM, get_gpu, get_model, get_weight_format, weight_bytes
-from models.cost import CostModel, check_tp, efficiency_for
+from models.catalog import GPU, LLM, get_gpu, get_model, get_weight_format, weight_bytes
+from models.cost import CostModel, Efficiency, check_tp, efficiency_for
 from models.errors import ConfigError
+from models.hf_config import load_config
 from models.memory import MemoryPlan, plan_memory
 from models.quality import Retraining, default_retrain_gpu_hours, distill_quality, quant_quality
+from models.speculative import DraftShape, depth_factors
 
 if TYPE_CHECKING:
     from sim.scenario import Scenario
@@ -32,6 +34,65 @@ def eagle_head(target: LLM) -> LLM:
                source="one decoder layer of the target + LM head (EAGLE, arXiv 2401.15077)")
 
 
+EAGLE3_DRAFT_VOCAB = 32000  # EAGLE-3 heads predict over a reduced draft vocabulary (config.json draft_vocab_size)
+
+
+def _layer_params(target: LLM) -> tuple[float, float]:
+    """(total, active) parameters of one of the target's decoder layers (embeddings and LM head apart)."""
+    emb = target.embedding_params * (1 if target.tie_word_embeddings else 2)
+    return (target.params_total - emb) / target.num_layers, (target.params_active - emb) / target.num_layers
+
+
+def eagle3_head(target: LLM) -> LLM:
+    """An EAGLE-3 draft head (Li et al. 2025, arXiv 2503.01840; vLLM/SGLang `LlamaForCausalLMEagle3`):
+    one decoder layer of the target's width whose attention projections read the concatenation of
+    the token embedding and the hidden state (2d inputs), and an LM head over a 32k draft
+    vocabulary (`draft_vocab_size` in the released heads' config.json). The fusion FC (3d -> d) of
+    the target's low, middle and high-level features runs once per step on the target's features;
+    it is a 3d^2 matmul (0.3% of a 70B target's weights) and is not charged."""
+    d, ff, kvd = target.hidden_size, target.intermediate_size, target.num_kv_heads * target.head_dim
+    layer = 2 * d * d + 2 * (2 * d) * kvd + d * d + 3 * d * ff + 2 * d
+    params = layer + EAGLE3_DRAFT_VOCAB * d
+    return LLM(f"eagle3-head({target.name})", "", 1, d, target.num_heads, target.num_kv_heads, target.head_dim,
+               ff, EAGLE3_DRAFT_VOCAB, True, params, params, target.tokenizer_family,
+               source="EAGLE-3 head: one decoder layer with 2d-input attention + 32k draft-vocabulary LM head "
+                      "(arXiv 2503.01840)")
+
+
+def mtp_module(target: LLM) -> LLM:
+    """One multi-token-prediction module (DeepSeek-V3 technical report, arXiv 2412.19437, section
+    2.2): a projection M (2d -> d) of the normalised hidden state and next-token embedding, one
+    transformer block of the target's own architecture (its attention and, for an MoE target, its
+    experts), and the shared output head (d x vocabulary) run on its output. The embedding is
+    shared with the target."""
+    d = target.hidden_size
+    total, active = _layer_params(target)
+    head = target.vocab_size * d
+    return dataclasses.replace(
+        target, name=f"mtp-module({target.name})", hf_id="", num_layers=1, tie_word_embeddings=True,
+        params_total=int(total + 2 * d * d + head), params_active=int(active + 2 * d * d + head),
+        source="one DeepSeek-V3-style MTP module: 2d->d projection + one target block + shared LM head "
+               "(arXiv 2412.19437)")
+
+
+def layer_skip_draft(target: LLM, fraction: float) -> LLM:
+    """The target's first round(fraction x layers) layers and its LM head: a self-speculative draft
+    by early exit (LayerSkip, Elhoushi et al. 2024, arXiv 2404.16710; SWIFT, arXiv 2410.06916 skips
+    a similar share of intermediate layers). It shares the target's weights and KV cache."""
+    n = max(1, round(fraction * target.num_layers))
+    total, active = _layer_params(target)
+    emb = target.embedding_params * (1 if target.tie_word_embeddings else 2)
+    return dataclasses.replace(target, name=f"layer-skip({target.name}, {n}/{target.num_layers})", hf_id="",
+                               num_layers=n, params_total=int(emb + n * total), params_active=int(emb + n * active),
+                               source=f"the first {n} of {target.num_layers} layers of the target + its LM head")
+
+
+def catalogue_mtp_depth(target: LLM) -> int:
+    """MTP modules the catalogue (or the model's config.json, `num_nextn_predict_layers`) records
+    for the target (0 when it records none)."""
+    return int(getattr(target, "mtp_layers", 0) or 0)
+
+
 @dataclass(frozen=True)
 class SpecRuntime:
     method: str
@@ -39,9 +100,19 @@ class SpecRuntime:
     policy: str
     disable_batch_size: int
     decay: float
-    draft_cost: CostModel | None  # None for ngram; on its own GPUs (its own TP) when dedicated
+    draft_cost: CostModel | None  # None for ngram/suffix; on its own GPUs (its own TP) when dedicated
     overhead_frac_at_2: float
     overhead_frac_per_seq: float
+    # per-depth profile and tree shape (models.speculative.DraftShape); None: the plain chain a x decay^(i-1)
+    shape: DraftShape | None = None
+    draft_window: int | None = None  # self_spec window: the draft reads at most this many KV tokens per sequence
+    host_s_per_seq: float = 0.0  # suffix: CPU lookup time per decoding sequence per step
+    on_match: bool = False  # suffix: a sequence drafts only when its suffix tree has a match
+
+    def verify_tokens(self, k: int) -> int:
+        """Tokens per sequence a verification of depth k runs through the target (the last
+        emitted token plus the drafted tokens or tree nodes)."""
+        return 1 + (self.shape.nodes(k) if self.shape is not None else k)
 
 
 @dataclass(frozen=True)
@@ -66,15 +137,54 @@ class ReplicaRuntime:
     prefix_caching: bool = False  # keep and reuse full KV blocks of requests that carry block hashes
 
 
+def target_model(sc: Scenario) -> LLM:
+    """The deployment's model: from its config.json (`deployment.model_config`, in Python
+    `config_json`) or the catalogue."""
+    dep = sc.deployment
+    return load_config(dep.config_json, dep.model) if dep.config_json else get_model(dep.model)
+
+
 def _draft_model(sc: Scenario) -> LLM | None:
+    """The model each draft pass runs (None when nothing is drafted on the GPU)."""
     spec = sc.speculative
-    if spec is None or spec.method == "ngram":
+    if spec is None or spec.method in ("ngram", "suffix"):
         return None
-    target = get_model(sc.deployment.model)
-    if spec.method == "eagle":
+    target = target_model(sc)
+    kind = spec.tree_drafter if spec.method == "tree" else spec.method
+    if kind == "eagle":
         return eagle_head(target)
+    if kind == "eagle3":
+        return eagle3_head(target)
+    if kind == "mtp":
+        return mtp_module(target)
+    if kind == "self_spec":
+        return target if spec.self_spec_mode == "window" else layer_skip_draft(target, spec.self_spec_layer_fraction)
+    if spec.draft_model_config:
+        return load_config(spec.draft_model_config, spec.draft_model)
     assert spec.draft_model is not None
     return get_model(spec.draft_model)
+
+
+def _shares_target(sc: Scenario) -> bool:
+    """Self-speculation drafts with the target's own weights and KV cache: no extra memory."""
+    return sc.speculative is not None and sc.speculative.method == "self_spec"
+
+
+def _draft_shape(sc: Scenario) -> DraftShape | None:
+    spec = sc.speculative
+    assert spec is not None
+    if spec.acceptance_profile is None and spec.method != "tree":
+        return None  # the plain chain: a x decay^(i-1), the original formulas
+    factors = depth_factors(spec.num_speculative_tokens, spec.acceptance_decay, spec.acceptance_profile)
+    branching = spec.tree_branching[: spec.num_speculative_tokens] if spec.tree_branching is not None else None
+    return DraftShape(factors, branching, spec.tree_rank_decay)
+
+
+def _cost(sc: Scenario, model: LLM, gpu: GPU, tp: int, eff: Efficiency, *, target: bool) -> CostModel:
+    """A cost model with the deployment's formats and MoE settings (expert parallelism: the target's)."""
+    dep = sc.deployment
+    return CostModel(model, gpu, tp, dep.weights, dep.kv_cache, eff, moe_routing_skew=dep.moe_routing_skew,
+                     expert_parallel=target and dep.expert_parallel)
 
 
 def gpus_per_replica(sc: Scenario) -> int:
@@ -87,7 +197,7 @@ def gpus_per_replica(sc: Scenario) -> int:
 def check_scenario(sc: Scenario) -> None:
     """Cross-field checks that need the catalogues; raises ValueError (shown with its field)."""
     dep = sc.deployment
-    target = get_model(dep.model)
+    target = target_model(sc)
     gpu = get_gpu(sc.rack.gpu)
     if get_weight_format(dep.weights).compute == "fp8" and gpu.fp8_flops is None:
         raise ValueError(f"deployment.weights 'fp8' needs FP8 tensor cores, which {gpu.name} lacks; use 'int8' or 'int4'")
@@ -95,10 +205,32 @@ def check_scenario(sc: Scenario) -> None:
         check_tp(target, dep.tensor_parallel)
     except ConfigError as err:
         raise ValueError(f"deployment.{err}") from None
+    if dep.expert_parallel:
+        if not target.num_experts:
+            raise ValueError(f"deployment.expert_parallel: '{target.name}' is a dense model (no experts to place); "
+                             "remove expert_parallel")
+        if target.num_experts % dep.tensor_parallel:
+            raise ValueError(f"deployment.expert_parallel: {target.num_experts} experts do not split evenly over "
+                             f"tensor_parallel={dep.tensor_parallel} GPUs; use a tensor_parallel that divides "
+                             f"{target.num_experts}, or remove expert_parallel")
     spec = sc.speculative
     if spec is not None:
-        if spec.method == "draft_model":
-            draft = get_model(spec.draft_model or "")
+        if spec.method == "mtp":
+            depth = spec.mtp_depth or catalogue_mtp_depth(target)
+            if not depth:
+                raise ValueError(f"speculative.mtp_depth: the catalogue records no multi-token-prediction modules for "
+                                 f"'{target.name}'; set mtp_depth = <its MTP modules> (DeepSeek-V3: 1) if it has them")
+            if spec.num_speculative_tokens > depth:
+                raise ValueError(f"speculative.num_speculative_tokens={spec.num_speculative_tokens} exceeds the "
+                                 f"{depth} MTP module(s) of '{target.name}'; use num_speculative_tokens <= {depth}")
+        if spec.method == "suffix":
+            missing = [c.name for c in sc.workload.classes if c.suffix_match is None]
+            if missing:
+                raise ValueError(f"workload.classes '{missing[0]}': method 'suffix' needs suffix_match = <probability "
+                                 "that the suffix tree has a match at a decoding step> for every class")
+        if spec.needs_draft_model:
+            draft = get_model(spec.draft_model) if spec.method == "tree" and spec.draft_model else _draft_model(sc)
+            assert draft is not None
             if draft.tokenizer_family != target.tokenizer_family:
                 raise ValueError(
                     f"speculative.draft_model '{draft.name}' uses the {draft.tokenizer_family} tokenizer, "
@@ -116,9 +248,9 @@ def check_scenario(sc: Scenario) -> None:
                 raise ValueError(f"speculative.draft_gpus: the dedicated draft runs at {err}") from None
         for c in sc.workload.classes:  # the same check the run makes, at validation
             try:
-                c.acceptance_for(spec.method)
+                c.acceptance_for(spec.acceptance_key)
             except ConfigError as err:
-                raise ValueError(f"{err}; add {spec.method} = <rate> to its acceptance table") from None
+                raise ValueError(f"{err}; add {spec.acceptance_key} = <rate> to its acceptance table") from None
     if dep.router == "prefix_affinity" and not dep.prefix_caching:
         raise ValueError("deployment.router 'prefix_affinity' routes by the replicas' prefix caches; set "
                          "deployment.prefix_caching = true or use router 'least_outstanding'")
@@ -219,7 +351,8 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
         eff = load_efficiency(dep.efficiency_file, eff)
     if dep.efficiency:
         eff = dataclasses.replace(eff, **dep.efficiency, source=f"{eff.source}; overridden in scenario")
-    cost = CostModel(dep.model, gpu, dep.tensor_parallel, dep.weights, dep.kv_cache, eff)
+    target = target_model(sc)
+    cost = _cost(sc, target, gpu, dep.tensor_parallel, eff, target=True)
     spec_rt = None
     extra_bytes = 0.0
     extra_kv = 0.0
@@ -230,14 +363,25 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
         if dm is not None:
             if spec.placement == "dedicated":
                 tp_d = spec.draft_gpus  # check_scenario made sure it divides the draft's heads
-                draft_cost = CostModel(dm, gpu, tp_d, dep.weights, dep.kv_cache, eff)
+                draft_cost = _cost(sc, dm, gpu, tp_d, eff, target=False)
             else:
-                draft_cost = CostModel(dm, gpu, dep.tensor_parallel, dep.weights, dep.kv_cache, eff)
-                extra_bytes = weight_bytes(dm, get_weight_format(dep.weights)) / dep.tensor_parallel
-                extra_kv = draft_cost.kv_bytes_per_token_gpu
+                draft_cost = _cost(sc, dm, gpu, dep.tensor_parallel, eff, target=False)
+                if not _shares_target(sc):
+                    # MTP: every module's weights and KV are resident (one module runs per drafted token)
+                    copies, resident = 1, weight_bytes(dm, get_weight_format(dep.weights))
+                    if spec.method == "mtp":  # the output head is the target's own (shared), not resident twice
+                        copies = spec.mtp_depth or catalogue_mtp_depth(target)
+                        resident -= dm.embedding_params * 2.0
+                    extra_bytes = copies * resident / dep.tensor_parallel
+                    extra_kv = copies * draft_cost.kv_bytes_per_token_gpu
+        window = spec.self_spec_window if spec.method == "self_spec" and spec.self_spec_mode == "window" else None
         spec_rt = SpecRuntime(spec.method, spec.num_speculative_tokens, spec.policy, spec.disable_batch_size,
-                              spec.acceptance_decay, draft_cost, spec.overhead_frac_at_2, spec.overhead_frac_per_seq)
+                              spec.acceptance_decay, draft_cost, spec.overhead_frac_at_2, spec.overhead_frac_per_seq,
+                              shape=_draft_shape(sc), draft_window=window, host_s_per_seq=spec.suffix_host_s,
+                              on_match=spec.method == "suffix")
     sched = dep.scheduling()
+    if extra_kv and spec_rt is not None and spec_rt.draft_cost is not None:  # a colocated draft's windowed layers
+        extra_bytes += spec_rt.draft_cost.window_kv_bytes(sched.max_num_seqs)
     plan = plan_memory(cost, gpu_memory_utilization=dep.gpu_memory_utilization,
                        max_num_batched_tokens=sched.max_num_batched_tokens, max_num_seqs=sched.max_num_seqs,
                        extra_bytes=extra_bytes, extra_kv_bytes_per_token=extra_kv)
@@ -257,7 +401,7 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
         train_gpu = get_gpu(dist.training_gpu)
         hours = dist.gpu_hours_per_run  # hours on the training GPU
         if hours is None:
-            hours = default_retrain_gpu_hours(get_model(dep.model).params_total,
+            hours = default_retrain_gpu_hours(target.params_total,
                                               get_model(dep.distilled_from).params_total,
                                               peak_flops=train_gpu.bf16_flops)
         train_price = (dist.training_usd_per_gpu_hour if dist.training_usd_per_gpu_hour is not None

@@ -7,8 +7,10 @@ Each step, in this order (vLLM v1-like):
    multi-step scheduling (`scheduler_steps` n > 1, vLLM 0.6's --num-scheduler-steps) a decode
    step is followed by n - 1 more before prefills are considered again;
 1. decode: every running sequence whose prompt is fully computed gets 1 new token (k+1 when
-   speculating: k drafted tokens verified plus one from the target); KV blocks for them are
-   reserved, preempting the youngest sequences (recompute) while blocks run short;
+   speculating: k drafted tokens verified plus one from the target; a token tree verifies all
+   its nodes; with suffix decoding only sequences whose suffix tree matches this step, drawn
+   first, speculate); KV blocks for them are reserved (a tree's for all its nodes), preempting
+   the youngest sequences (recompute) while blocks run short;
 2. prefill (`prefill = "mixed"`: vLLM V1, TensorRT-LLM): the token budget left
    (max_num_batched_tokens) goes to partly prefilled sequences in admission order, then to
    waiting requests (FCFS) while a slot (max_num_seqs) and blocks exist, unless step 1 preempted
@@ -32,7 +34,7 @@ import bisect
 import math
 from collections import deque
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import simpy
@@ -51,6 +53,17 @@ STEP_COLUMNS = (
     "count", "gap_step_s",
 )
 FUSE_MAX_STEPS = 4096  # longest fused run planned at once (a longer one is planned again at its end)
+
+
+class VerifyPlan(NamedTuple):
+    """The decode part of a speculating step for the methods beyond the plain chain (trees, a
+    windowed self-draft, suffix matches): target tokens and attention pairs of the decoding
+    sequences, and the sequences that draft with the sum of the draft's contexts."""
+
+    tokens: float
+    pairs: float
+    n_draft: float
+    draft_ctx: float
 
 
 class StepLog:
@@ -157,6 +170,7 @@ class Requests:
         self.generated = np.zeros(n, dtype=np.int64)  # kept across preemptions (recompute)
         self.verify_steps = np.zeros(n, dtype=np.int64)
         self.verify_emitted = np.zeros(n, dtype=np.int64)
+        self.match = np.zeros(n)  # suffix decoding: probability of a suffix-tree match at a decoding step
         self.n_done = 0  # requests completed so far
         self.on_complete: Callable[[int], None] | None = None  # closed loop: told how many just completed
         # prefix caching (sim/prefix_cache.py): None when no request carries block hashes. Request r's
@@ -198,8 +212,9 @@ class Replica:
     def __init__(self, env: simpy.Environment, idx: int, rt: ReplicaRuntime, reqs: Requests,
                  rng: np.random.Generator, log: StepLog, fuse: FuseBound | None = None) -> None:
         self.env, self.idx, self.rt, self.reqs, self.rng, self.log = env, idx, rt, reqs, rng, log
-        # step fusion (off when None, and always for speculation or a cost model without arrays)
-        self.fuse = fuse if (rt.spec is None and isinstance(rt.cost, CostModel)) else None
+        # step fusion (off when None, and always for speculation, a cost model without arrays, or a
+        # step cost not affine in the context: sliding-window layers)
+        self.fuse = fuse if (rt.spec is None and isinstance(rt.cost, CostModel) and rt.cost.affine_in_context) else None
         s = rt.max_num_seqs
         self.rid = np.full(s, -1, dtype=np.int64)
         self.computed = np.zeros(s, dtype=np.int64)  # tokens whose KV is computed
@@ -388,6 +403,8 @@ class Replica:
             return 0
         n = self.n_running
         est = (self.n_acc[:n][dec] + 0.7 * 4.0) / (self.n_prop[:n][dec] + 4.0)
+        if self._general(spec):
+            return self._choose_k_general(dec, est)
         exp_tokens = expected_tokens_table(est, spec.k, spec.decay).sum(axis=0)
         n_dec = int(dec.sum())
         ctx = float(self.computed[:n][dec].sum())
@@ -404,6 +421,73 @@ class Replica:
         rate = exp_tokens / total
         return int(np.argmax(rate >= rate.max() * (1.0 - 1e-9)))  # the smallest k within rounding of the best
 
+    @staticmethod
+    def _general(spec: Any) -> bool:
+        """Whether a method needs the general speculation path (a tree or depth profile, a windowed
+        self-draft, suffix matches, a host cost); the plain chain keeps the original formulas."""
+        return spec.shape is not None or spec.draft_window is not None or spec.on_match or spec.host_s_per_seq > 0
+
+    def _choose_k_general(self, dec: np.ndarray, est: np.ndarray) -> int:
+        """The adaptive policy for the general methods: each k = 0..k_max priced by `_spec_cost`
+        itself (the step's own formulas), expected tokens from the method's closed form."""
+        spec = self.rt.spec
+        assert spec is not None
+        n = self.n_running
+        ds = np.flatnonzero(dec)
+        table = (spec.shape.expected_tokens_table(est, spec.k) if spec.shape is not None
+                 else expected_tokens_table(est, spec.k, spec.decay))
+        m = self.reqs.match[self.rid[:n][dec]] if spec.on_match else None
+        exp_tokens = (table.sum(axis=0) if m is None else dec.sum() + (m[:, None] * (table - 1.0)).sum(axis=0))
+        n_dec = int(ds.size)
+        ctx_dec = float(self.computed[ds].sum())
+        rate = np.zeros(spec.k + 1)
+        for k in range(spec.k + 1):
+            plan = self._verify_plan(ds, k, None if m is None else m) if k else None
+            rate[k] = exp_tokens[k] / self._spec_cost(n_dec, ctx_dec, k, 0, 0.0, 0.0, 0.0, plan)[0]
+        return int(np.argmax(rate >= rate.max() * (1.0 - 1e-9)))
+
+    def _verify_plan(self, ds: np.ndarray | slice, k: int, matched: np.ndarray | None) -> VerifyPlan:
+        """Target tokens and attention pairs of the decoding sequences `ds` verifying depth k, and
+        who drafts. A tree verifies all its nodes, attention over context + tree under the tree
+        mask, charged as the dense (tree tokens x (context + tree tokens)) tile the kernels
+        compute; a chain the causal triangle. With suffix matches (`matched`, booleans or expected
+        probabilities over `ds`) only matched sequences verify k + 1 tokens, the others decode one."""
+        spec = self.rt.spec
+        assert spec is not None
+        ctx = self.computed[ds].astype(np.float64)
+        n_dec = float(ctx.size)
+        ctx_sum = float(ctx.sum())
+        q = spec.verify_tokens(k)
+        if matched is not None:
+            w = np.asarray(matched, dtype=np.float64)
+            n_m, ctx_m = float(w.sum()), float((w * ctx).sum())
+            tokens = n_dec + k * n_m
+            pairs = ctx_sum + n_dec + k * ctx_m + n_m * (q * (q + 1) / 2.0 - 1.0)
+            return VerifyPlan(tokens, pairs, n_m, ctx_m)
+        tri = q * q if (spec.shape is not None and not spec.shape.chain) else q * (q + 1) / 2.0
+        draft_ctx = ctx_sum if spec.draft_window is None else float(np.minimum(ctx, spec.draft_window).sum())
+        return VerifyPlan(n_dec * q, ctx_sum * q + n_dec * tri, n_dec, draft_ctx)
+
+    def _draft_sums(self, plan: VerifyPlan, k: int) -> tuple[float, float, float]:
+        """(seconds, FLOPs, bytes) of drafting depth k for the general methods: one draft pass per
+        depth, over the nodes of the depth above (one token per sequence for a chain, N_(i-1)
+        for a tree), each node attending to the draft's context (a window for a windowed
+        self-draft) plus its i ancestors."""
+        spec = self.rt.spec
+        assert spec is not None and spec.draft_cost is not None
+        dc = spec.draft_cost
+        parents = spec.shape.parents(k) if spec.shape is not None else np.ones(k)
+        n = plan.n_draft
+        t = f = b = 0.0
+        for i in range(1, k + 1):
+            p = float(parents[i - 1])
+            ctx = plan.draft_ctx + n * (i - 1)
+            d = dc.step_sums(round(n), n * p, ctx, p * (ctx + n), step_overhead=False)
+            t += d.total_s
+            f += d.flops * dc.tp
+            b += d.bytes * dc.tp
+        return t, f, b
+
     def _overhead_frac(self, n_dec: int) -> float:
         """Speculation machinery overhead as a fraction of the plain decode pass of the decoding
         sequences; grows with their number (vLLM #49548 measured TPOT with nothing drafted)."""
@@ -412,13 +496,19 @@ class Replica:
         return spec.overhead_frac_at_2 + spec.overhead_frac_per_seq * max(0, n_dec - 2)
 
     def _spec_cost(self, n_dec: int, ctx_dec: float, k: int, n_pre: int, pre_tokens: float,
-                   pre_ctx: float, pre_pairs: float) -> tuple[float, float, float, float, float, float]:
+                   pre_ctx: float, pre_pairs: float,
+                   plan: VerifyPlan | None = None) -> tuple[float, float, float, float, float, float]:
         """(total_s, target_s, draft_s, overhead_s, flops, bytes) of a step; FLOPs and bytes are
-        summed over all the replica's GPUs (target and draft)."""
+        summed over all the replica's GPUs (target and draft). `plan`: the decode part of a
+        general method (tree, windowed self-draft, suffix), else the plain chain of k + 1 tokens."""
         rt = self.rt
         q = k + 1
-        tokens = n_dec * q + pre_tokens
-        pairs = ctx_dec * q + n_dec * q * (q + 1) / 2.0 + pre_pairs
+        if plan is None:
+            tokens = n_dec * q + pre_tokens
+            pairs = ctx_dec * q + n_dec * q * (q + 1) / 2.0 + pre_pairs
+        else:
+            tokens = plan.tokens + pre_tokens
+            pairs = plan.pairs + pre_pairs
         tc = rt.cost.step_sums(n_dec + n_pre, tokens, ctx_dec + pre_ctx, pairs)
         flops, nbytes = tc.flops * rt.cost.tp, tc.bytes * rt.cost.tp
         draft_s = 0.0
@@ -427,7 +517,13 @@ class Replica:
         if spec is not None:
             dc = spec.draft_cost
             if dc is not None:
-                if k > 0 and n_dec:
+                if k > 0 and n_dec and plan is not None:
+                    if plan.n_draft > 0:
+                        d_s, d_f, d_b = self._draft_sums(plan, k)
+                        draft_s += d_s
+                        flops += d_f
+                        nbytes += d_b
+                elif k > 0 and n_dec:
                     # k autoregressive draft passes over the decoding sequences, weights and KV
                     # read each pass; the context grows by one token per pass, so k passes cost
                     # k x the pass at the mean context (exact while the pass stays in one
@@ -437,7 +533,7 @@ class Replica:
                     draft_s += k * d.total_s
                     flops += k * d.flops * dc.tp
                     nbytes += k * d.bytes * dc.tp
-                if pre_tokens:
+                if pre_tokens and spec.method != "self_spec":  # a self-draft's prefill is the target's own
                     d = dc.step_sums(n_pre, pre_tokens, pre_ctx, pre_pairs, step_overhead=False)
                     draft_s += d.total_s
                     flops += d.flops * dc.tp
@@ -449,6 +545,8 @@ class Replica:
                 # decoding sequences: it is charged on that, never on prefill tokens in the step
                 plain = tc if (k == 0 and not n_pre) else rt.cost.step_sums(n_dec, n_dec, ctx_dec, ctx_dec + n_dec)
                 over = plain.total_s * self._overhead_frac(n_dec)
+                if spec.host_s_per_seq:  # suffix decoding's CPU lookups, per decoding sequence
+                    over += spec.host_s_per_seq * n_dec
         return tc.total_s + draft_s + over, tc.total_s, draft_s, over, flops, nbytes
 
     # ------------------------------------------------------------- engine loop
@@ -535,6 +633,8 @@ class Replica:
                 # prefill steps of their own, scheduled first (vLLM V0's default scheduler, SGLang):
                 # decodes wait while any prompt can be prefilled
                 chunk_idx, chunks = self._plan_prefill(budget_max, dec, True)
+            plan: VerifyPlan | None = None
+            matched = None
             if chunk_idx:
                 k, n_dec = 0, 0
                 stalling = bool(dec.any())
@@ -542,11 +642,27 @@ class Replica:
             else:
                 k = self._choose_k(dec)
                 q = k + 1
+                general = spec is not None and k > 0 and self._general(spec)
+                qv = spec.verify_tokens(k) if general and spec is not None else q
+                matched = None
+                if general and spec is not None and spec.on_match:
+                    # suffix decoding proposes only where the suffix tree has a match this step
+                    matched = self.rng.random(n) < self.reqs.match[self.rid[:n]]
                 # 1. reserve KV blocks for decode tokens, preempting the youngest while short
                 while True:
                     # tokens this step can write: k+1, but never past the request's remaining output
-                    # (a running sequence always has at least one token left, so 1 needs no check)
-                    grow = 1 if q == 1 else np.minimum(q, self.out[:n] - self.gen[:n])
+                    # (a running sequence always has at least one token left, so 1 needs no check);
+                    # a tree writes the KV of all its nodes during verification (vLLM/SGLang reserve
+                    # slots for the whole tree), never past the model's length
+                    grow: int | np.ndarray
+                    if q == 1:
+                        grow = 1
+                    elif qv != q:
+                        grow = np.minimum(qv, rt.max_model_len - self.computed[:n])
+                    elif matched is not None:
+                        grow = np.where(matched[:n], np.minimum(q, self.out[:n] - self.gen[:n]), 1)
+                    else:
+                        grow = np.minimum(q, self.out[:n] - self.gen[:n])
                     need = np.where(dec, -(-(self.computed[:n] + grow) // BLOCK_SIZE) - self.blocks[:n], 0)
                     need_total = int(need.sum())
                     if need_total <= self.free_blocks:
@@ -565,8 +681,10 @@ class Replica:
                 # 2. prefill chunks in the budget left (mixed steps only); as in vLLM v1, nothing
                 # is admitted in a step that had to preempt (the victim, back at the head of the
                 # queue, would be readmitted into the blocks just taken from it)
+                plan = self._verify_plan(ds, k, None if matched is None else matched[:n][ds]) if general else None
                 if not separate:
-                    chunk_idx, chunks = self._plan_prefill(budget_max - n_dec * q, dec, not preempted)
+                    dec_tokens = n_dec * q if plan is None else round(plan.tokens)
+                    chunk_idx, chunks = self._plan_prefill(budget_max - dec_tokens, dec, not preempted)
             q = k + 1
             n_pre = len(chunk_idx)
             if n_dec == 0 and n_pre == 0:
@@ -585,17 +703,31 @@ class Replica:
                 pre_tokens = pre_ctx = pre_pairs = 0.0
             ctx_dec = float(self.computed[ds].sum()) if n_dec else 0.0
             total_s, target_s, draft_s, over_s, flops, nbytes = self._spec_cost(
-                n_dec, ctx_dec, k, n_pre, pre_tokens, pre_ctx, pre_pairs)
+                n_dec, ctx_dec, k, n_pre, pre_tokens, pre_ctx, pre_pairs, plan)
             start = env.now
             yield env.timeout(total_s)
             now = env.now
             # 3a. decode / verification results
             emitted_total = 0
             if n_dec:
-                if spec is not None and k > 0:
-                    acc = sample_accepted(self.rng, self.acc[ds], k, spec.decay)
+                if spec is not None and k > 0 and matched is not None:
+                    # suffix: sequences without a match decoded one token and verified nothing
+                    hit = matched[:n][ds]
+                    acc = np.zeros(n_dec, dtype=np.int64)
+                    a_hit = self.acc[ds][hit]
+                    acc[hit] = (spec.shape.sample(self.rng, a_hit, k) if spec.shape is not None
+                                else sample_accepted(self.rng, a_hit, k, spec.decay))
                     emit = np.minimum(acc + 1, self.out[ds] - self.gen[ds])
-                    self.n_prop[ds] += k
+                    self.n_prop[ds] += k * hit
+                    self.n_acc[ds] += acc
+                    self.n_verify[ds] += hit
+                    self.n_vemit[ds] += emit * hit
+                    emitted_total += int(emit.sum())
+                elif spec is not None and k > 0:
+                    acc = (spec.shape.sample(self.rng, self.acc[ds], k) if spec.shape is not None
+                           else sample_accepted(self.rng, self.acc[ds], k, spec.decay))
+                    emit = np.minimum(acc + 1, self.out[ds] - self.gen[ds])
+                    self.n_prop[ds] += k  # a tree counts its depth (accepted <= proposed), not its nodes
                     self.n_acc[ds] += acc  # drafted tokens the target agreed with (vLLM's count)
                     self.n_verify[ds] += 1
                     self.n_vemit[ds] += emit
@@ -633,7 +765,8 @@ class Replica:
                 gap, stalled_s = total_s + stalled_s, 0.0
             elif chunk_idx and stalling:
                 stalled_s += total_s
-            self.log.append((self.idx, start, total_s, n_dec + n_pre, n_dec, pre_tokens, n_dec * q, emitted_total, k,
+            dec_tok = n_dec * q if plan is None else plan.tokens
+            self.log.append((self.idx, start, total_s, n_dec + n_pre, n_dec, pre_tokens, dec_tok, emitted_total, k,
                              used_blocks, len(self.waiting), flops, nbytes, target_s, draft_s, over_s, gap, 1, 0.0))
 
     def _leave(self, now: float) -> None:

@@ -161,7 +161,7 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     open-loop stream). With `send_until_s`, the clients send nothing from that time on (requests
     of the table never sent keep a NaN arrival_s)."""
     wl = sc.workload
-    method = sc.speculative.method if sc.speculative else "draft_model"
+    method = sc.speculative.acceptance_key if sc.speculative else "draft_model"
     means = np.array([c.acceptance_for(method) if sc.speculative else 0.0 for c in wl.classes])
     spreads = np.array([c.acceptance_spread for c in wl.classes])
     # requests longer than the model (or the KV cache) allows are rejected, as vLLM does
@@ -174,6 +174,8 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     cls = table.cls.to_numpy()
     acc = acceptance_at_quantile(table.accept_q.to_numpy(), means[cls], spreads[cls])
     reqs = Requests(arrival, table.prompt_tokens.to_numpy(np.int64), table.output_tokens.to_numpy(np.int64), acc)
+    if sc.speculative is not None and sc.speculative.method == "suffix":  # per-request match probability
+        reqs.match = np.array([c.suffix_match or 0.0 for c in wl.classes])[cls]
     # prefix caching acts when it is on and the requests carry block hashes (sim/workload.py)
     units = rt.prefix_caching and "unit_keys" in table.columns
     if units:

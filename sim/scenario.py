@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from models.catalog import GPUS, KV_FORMATS, MODELS, WEIGHT_FORMATS
 from models.engines import DEFAULT_PROFILE, Scheduling, get_profile, resolve
@@ -72,6 +72,9 @@ class TrafficClass(_Strict):
     acceptance: Annotated[float, Field(ge=0, lt=1)] | dict[str, Annotated[float, Field(ge=0, lt=1)]] = 0.8
     acceptance_spread: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
     tail: bool = False  # counts towards "tail" quality (hard, off-distribution traffic)
+    # suffix decoding: probability that the suffix tree (prompt + earlier outputs) holds a match to
+    # propose from at a decoding step; the repetition in this class's traffic (required for 'suffix')
+    suffix_match: Annotated[float, Field(ge=0, le=1)] | None = None
 
     @model_validator(mode="after")
     def _spread_fits(self) -> TrafficClass:
@@ -124,7 +127,34 @@ class Distillation(_Strict):
     _training_gpu = field_validator("training_gpu")(staticmethod(gpu_name))
 
 
+def _config_field(v: str | None) -> str | None:
+    """A config.json path (`deployment.model_config`, `speculative.draft_model_config`) must load."""
+    if v is not None:
+        from models.hf_config import load_config
+
+        try:
+            load_config(v)
+        except ConfigError as err:
+            raise ValueError(str(err)) from None
+    return v
+
+
+def _name_from_config(data: Any, name_key: str, config_key: str) -> Any:
+    """A model defined by a config.json is named after its folder (or file) unless named."""
+    if isinstance(data, dict) and isinstance(data.get(config_key), str) and not data.get(name_key):
+        from models.hf_config import default_name
+
+        data = {**data, name_key: default_name(data[config_key])}
+    return data
+
+
 class Deployment(_Strict):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False,
+                              validate_by_alias=True, serialize_by_alias=True)
+    # `model_config` in files: the target from a Hugging Face config.json (relative to the scenario
+    # file) instead of the catalogue; `model` is then its name (default: the config's folder name).
+    # models.hf_config. (In Python `config_json`: pydantic reserves the name model_config.)
+    config_json: str | None = Field(default=None, alias="model_config")
     model: str = "llama-3.1-70b"
     tensor_parallel: Annotated[int, Field(ge=1)] = 4
     weights: str = "bf16"
@@ -150,6 +180,18 @@ class Deployment(_Strict):
     # individual factors (mfu_max, bw_eff, step_overhead_s, ...) overriding the engine profile
     efficiency_file: str | None = None
     efficiency: dict[str, float] | None = None
+    # mixture of experts (models.cost.expected_experts): Zipf exponent of expert popularity (0:
+    # uniform routing), and experts placed whole on the GPUs (E / tensor_parallel each, all-to-all
+    # dispatch and combine) instead of every expert sliced over them
+    moe_routing_skew: Annotated[float, Field(ge=0, le=4)] = 0.0
+    expert_parallel: bool = False
+
+    _model_config = field_validator("config_json")(staticmethod(_config_field))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _config_name(cls, data: Any) -> Any:
+        return _name_from_config(data, "model", "model_config")
 
     @field_validator("efficiency")
     @classmethod
@@ -179,7 +221,9 @@ class Deployment(_Strict):
 
     @field_validator("model", "distilled_from")
     @classmethod
-    def _model(cls, v: str | None) -> str | None:
+    def _model(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if info.field_name == "model" and info.data.get("config_json"):
+            return v  # a name for the config.json's model
         if v is not None and v.lower() not in MODELS:
             raise unknown("model", v, tuple(MODELS))
         return v.lower() if v else v
@@ -199,36 +243,131 @@ class Deployment(_Strict):
         return v.lower()
 
 
+SPEC_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "tree", "self_spec", "ngram", "suffix")
+# methods whose drafter is a head on the target's hidden states (or the target itself): colocated only
+_COLOCATED_ONLY = ("eagle3", "mtp", "tree", "self_spec", "suffix")
+
+
 class Speculative(_Strict):
-    method: Literal["draft_model", "eagle", "ngram"] = "draft_model"
-    draft_model: str | None = None  # required for method = "draft_model"
-    num_speculative_tokens: Annotated[int, Field(ge=0, le=16)] = 4
+    """Speculative decoding: the method, how many tokens it drafts, the policy, and each
+    method's own inputs (docs/MODEL.md has the physics and sources of every one)."""
+
+    method: Literal["draft_model", "eagle", "eagle3", "mtp", "tree", "self_spec", "ngram", "suffix"] = "draft_model"
+    # the draft from a Hugging Face config.json (relative to the scenario file); draft_model names it
+    draft_model_config: str | None = None
+    draft_model: str | None = None  # required for method = "draft_model" (or draft_model_config; and tree_drafter = "draft_model")
+    num_speculative_tokens: Annotated[int, Field(ge=0, le=16)] = 4  # the depth of a tree
     placement: Literal["colocated", "dedicated"] = "colocated"
     draft_gpus: Annotated[int, Field(ge=1)] = 1  # GPUs per replica's draft when dedicated
     policy: Literal["fixed", "disable_above_batch", "adaptive"] = "fixed"
     disable_batch_size: Annotated[int, Field(ge=1)] = 32
     acceptance_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
+    # per-depth acceptance relative to depth 1 (f_1 = 1), one entry per drafted position (>= k; the
+    # first k are used); replaces the decay
+    acceptance_profile: Annotated[tuple[Annotated[float, Field(gt=0, le=1)], ...], Field(strict=False)] | None = None
+    # mtp: the target's multi-token-prediction modules (DeepSeek-V3: 1), when the catalogue does not say
+    mtp_depth: Annotated[int, Field(ge=1, le=16)] | None = None
+    # tree: children per node at each depth (>= num_speculative_tokens entries; the tree is cut at
+    # depth num_speculative_tokens), the drafter, and the
+    # acceptance of the r-th ranked candidate relative to the top one (g^(r-1))
+    tree_branching: Annotated[tuple[Annotated[int, Field(ge=1, le=16)], ...], Field(strict=False)] | None = None
+    tree_drafter: Literal["eagle3", "eagle", "draft_model"] = "eagle3"
+    tree_rank_decay: Annotated[float, Field(gt=0, le=1)] = 0.5
+    # self_spec: the target drafts for itself with a KV window (StreamingLLM/MagicDec) or a share of its layers
+    self_spec_mode: Literal["window", "layer_skip"] = "window"
+    self_spec_window: Annotated[int, Field(ge=16, le=131072)] = 512  # KV tokens the draft reads (sinks + recent)
+    self_spec_layer_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    # suffix: host (CPU) time of the suffix-tree lookup per decoding sequence per step
+    suffix_host_s: Annotated[float, Field(ge=0, le=0.01)] = 0.0
     # machinery overhead, as a fraction of the target pass: f0 + f1 x (running sequences - 2);
     # vLLM issue 49548: +6.6% TPOT at 2 concurrent requests, +21.6% at 189
     overhead_frac_at_2: Annotated[float, Field(ge=0)] = 0.066
     overhead_frac_per_seq: Annotated[float, Field(ge=0)] = (0.216 - 0.066) / 187.0
 
+    _draft_config = field_validator("draft_model_config")(staticmethod(_config_field))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _config_name(cls, data: Any) -> Any:
+        return _name_from_config(data, "draft_model", "draft_model_config")
+
     @field_validator("draft_model")
     @classmethod
-    def _draft(cls, v: str | None) -> str | None:
+    def _draft(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("draft_model_config"):
+            return v
         if v is not None and v.lower() not in MODELS:
             raise unknown("draft model", v, tuple(MODELS))
         return v.lower() if v else v
 
+    @property
+    def acceptance_key(self) -> str:
+        """The traffic classes' acceptance entry this method reads: a tree's top-1 candidates are
+        its drafter's, so a tree reads the drafter's entry."""
+        return self.tree_drafter if self.method == "tree" else self.method
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return self.method == "draft_model" or (self.method == "tree" and self.tree_drafter == "draft_model")
+
+    def _check_method_keys(self) -> None:
+        """Keys that belong to one method are errors with another (they would be silently ignored).
+        A key counts as given when it differs from its default (a dumped and re-read scenario
+        holds every default)."""
+        owners = {"mtp_depth": "mtp", "tree_branching": "tree", "tree_drafter": "tree", "tree_rank_decay": "tree",
+                  "self_spec_mode": "self_spec", "self_spec_window": "self_spec",
+                  "self_spec_layer_fraction": "self_spec", "suffix_host_s": "suffix"}
+        fields = type(self).model_fields
+        for key, method in owners.items():
+            if self.method != method and getattr(self, key) != fields[key].default:
+                raise ValueError(f"{key} only applies to method '{method}' (method is '{self.method}'); remove it")
+
     @model_validator(mode="after")
     def _consistent(self) -> Speculative:
+        self._check_method_keys()
         if self.method == "draft_model" and not self.draft_model:
-            raise ValueError("method 'draft_model' needs draft_model = '<catalogue model>'")
+            raise ValueError("method 'draft_model' needs draft_model = '<catalogue model>' (or draft_model_config = "
+                             "'<path to its config.json>')")
+        if self.draft_model_config and self.method != "draft_model":
+            raise ValueError(f"draft_model_config defines a draft model; it needs method = 'draft_model' "
+                             f"(got '{self.method}'), or remove it")
+        if self.method == "tree" and self.tree_drafter == "draft_model" and not self.draft_model:
+            raise ValueError("tree_drafter 'draft_model' needs draft_model = '<catalogue model>'")
         if self.placement == "colocated" and self.draft_gpus != 1:
             raise ValueError(f"draft_gpus={self.draft_gpus} only applies with placement = 'dedicated' "
                              "(a colocated draft shares the target's GPUs); remove it or set placement = 'dedicated'")
+        if self.placement == "dedicated" and self.method in _COLOCATED_ONLY:
+            raise ValueError(f"placement 'dedicated' is not possible for method '{self.method}' (its drafter reads "
+                             "the target's hidden states or KV, or has no model); use placement = 'colocated'")
         if self.policy == "fixed" and self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be >= 1 with policy 'fixed' (use 'adaptive' to allow 0)")
+        k = self.num_speculative_tokens
+        if self.acceptance_profile is not None:
+            if len(self.acceptance_profile) < k:
+                raise ValueError(f"acceptance_profile has {len(self.acceptance_profile)} entries; it needs one per "
+                                 f"drafted position (num_speculative_tokens = {k}), e.g. [1.0, 0.9, 0.85, 0.8] for 4")
+            if self.acceptance_profile and self.acceptance_profile[0] != 1.0:
+                raise ValueError(f"acceptance_profile is relative to depth 1, so its first entry must be 1.0 "
+                                 f"(got {self.acceptance_profile[0]:g}); the class's acceptance sets depth 1")
+            if self.acceptance_decay != 1.0:
+                raise ValueError("set either acceptance_decay or acceptance_profile, not both")
+        if self.method == "tree":
+            if self.tree_branching is None:
+                raise ValueError(f"method 'tree' needs tree_branching = [children per node at each depth], one entry "
+                                 f"per depth (num_speculative_tokens = {k}), e.g. [2, 2, 1, 1]")
+            if len(self.tree_branching) < k:
+                raise ValueError(f"tree_branching has {len(self.tree_branching)} entries; it needs one per depth "
+                                 f"(num_speculative_tokens = {k})")
+            nodes, width = 0, 1
+            for b in self.tree_branching[:k]:  # a longer list is cut at depth k (a planner's k grid varies it)
+                width *= b
+                nodes += width
+            if nodes > 256:
+                raise ValueError(f"tree_branching {list(self.tree_branching)} makes a tree of {nodes} tokens per "
+                                 "sequence; at most 256 (engines verify 8-64), use smaller branching factors")
+        if self.method == "mtp" and self.mtp_depth is not None and k > self.mtp_depth:
+            raise ValueError(f"num_speculative_tokens={k} exceeds mtp_depth={self.mtp_depth} (each drafted token "
+                             f"needs its own MTP module); use num_speculative_tokens <= {self.mtp_depth}")
         return self
 
 
@@ -497,7 +636,8 @@ class Scenario(_Strict):
         from sim.traces import file_digest
 
         wl, dep = self.workload, self.deployment
-        files = [wl.trace if wl.replays_trace else None, dep.efficiency_file]
+        files = [wl.trace if wl.replays_trace else None, dep.efficiency_file, dep.config_json,
+                 self.speculative.draft_model_config if self.speculative else None]
         files += [d.trace for d in (wl.prompt_tokens, wl.output_tokens) if isinstance(d, Empirical)]
         digests = {f: file_digest(f) for f in files if f}
         data: dict[str, Any] = self.model_dump(mode="json")
@@ -505,7 +645,9 @@ class Scenario(_Strict):
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def with_overrides(self, overrides: dict[str, Any]) -> Scenario:
-        return scenario_from_dict(apply_overrides(self.model_dump(mode="json", exclude_none=True), overrides))
+        data = apply_overrides(self.model_dump(mode="json", exclude_none=True), overrides)
+        _resolve_model_configs(data, Path.cwd())
+        return scenario_from_dict(data)
 
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -522,6 +664,12 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
             node.pop(parts[-1], None)
         else:
             node[parts[-1]] = value
+    # a model set by name replaces the config.json that defined the previous one
+    for section, name_key, cfg_key in (("deployment", "model", "model_config"),
+                                       ("speculative", "draft_model", "draft_model_config")):
+        if f"{section}.{name_key}" in overrides and f"{section}.{cfg_key}" not in overrides \
+                and isinstance(data.get(section), dict):
+            data[section].pop(cfg_key, None)
     # utilisation and rate_rps are two ways to set one load: setting one replaces the other
     for key, other in (("utilisation", "rate_rps"), ("rate_rps", "utilisation")):
         if overrides.get(f"workload.{key}") is not None and isinstance(data.get("workload"), dict):
@@ -576,6 +724,27 @@ def read_toml(path: str | Path, kind: str) -> dict[str, Any]:
         raise ConfigError(f"{p}: invalid TOML: {err}") from None
 
 
+def _resolve_model_configs(data: dict[str, Any], folder: Path) -> None:
+    """Config.json paths relative to the scenario's folder; a model or draft named in a user
+    catalogue (models.toml next to the scenario, else in the working directory; `specrack models
+    add`) gets its config.json from there."""
+    from models.hf_config import find_user_model
+
+    for section, cfg_key, name_key in (("deployment", "model_config", "model"),
+                                       ("speculative", "draft_model_config", "draft_model")):
+        sec = data.get(section)
+        if not isinstance(sec, dict):
+            continue
+        cfg = sec.get(cfg_key)
+        if isinstance(cfg, str) and not Path(cfg).is_absolute():
+            sec[cfg_key] = str((folder / cfg).resolve())
+        name = sec.get(name_key)
+        if cfg is None and isinstance(name, str) and name.lower() not in MODELS:
+            found = find_user_model(name, (folder, Path.cwd()))
+            if found is not None:
+                sec[cfg_key] = str(found)
+
+
 def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> Scenario:
     """Read and validate a TOML scenario; relative trace paths resolve against its folder."""
     p = Path(path)
@@ -583,6 +752,7 @@ def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> 
     dep = data.get("deployment", {})
     if isinstance(dep, dict) and isinstance(dep.get("efficiency_file"), str) and not Path(dep["efficiency_file"]).is_absolute():
         dep["efficiency_file"] = str((p.parent / dep["efficiency_file"]).resolve())
+    _resolve_model_configs(data, p.parent)
     wl = data.get("workload", {})
     if isinstance(wl, dict):
         for key in ("trace",):
@@ -594,6 +764,7 @@ def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> 
                 d["trace"] = str((p.parent / d["trace"]).resolve())
     if overrides:
         data = apply_overrides(data, overrides)
+        _resolve_model_configs(data, p.parent)
     try:
         return scenario_from_dict(data)
     except ConfigError as err:

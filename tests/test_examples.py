@@ -37,7 +37,7 @@ def test_bundled_lookup_suggests() -> None:
 def test_default_sweep_loads_both_modes() -> None:
     full, quick = load_sweep(None), load_sweep(None, quick=True)
     assert len(full.utilisation) == 13 and full.utilisation[0] == 0.30 and full.utilisation[-1] == 0.90
-    assert len(full.seeds) == 3 and len(full.variants) == 8
+    assert len(full.seeds) == 3 and len(full.variants) == 10
     assert len(quick.utilisation) < len(full.utilisation)
 
 

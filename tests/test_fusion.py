@@ -80,11 +80,18 @@ def _check(sc, seed: int = 1, *, min_fused: float = 2.0) -> None:
 # ----------------------------------------------------------------------------- the cost model
 
 
-@pytest.mark.parametrize(("model", "tp"), [("llama-3.1-70b", 4), ("llama-3.1-8b", 1), ("mixtral-8x7b", 2)])
-def test_decode_step_cost_is_affine_in_the_context(model: str, tp: int) -> None:
+@pytest.mark.parametrize(("model", "tp", "moe"), [
+    ("llama-3.1-70b", 4, {}), ("llama-3.1-8b", 1, {}), ("mixtral-8x7b", 2, {}),
+    # MoE: the experts a step touches depend on its tokens, not its context (skewed routing, expert
+    # parallelism with all-to-all, multi-head latent attention)
+    ("qwen3-30b-a3b", 1, {"moe_routing_skew": 1.2}), ("deepseek-v3", 8, {"expert_parallel": True}),
+    ("qwen3-235b-a22b", 4, {"moe_routing_skew": 0.5, "expert_parallel": True}),
+])
+def test_decode_step_cost_is_affine_in_the_context(model: str, tp: int, moe: dict[str, Any]) -> None:
     """What a fused run relies on: step j of n decoding sequences at context c0 + j n lasts
     d0 + j x slope, within 1e-12 relative of the step's own cost; FLOPs and bytes sum in closed form."""
-    cm = CostModel(model, "h100-sxm", tp)
+    cm = CostModel(model, "h100-sxm", tp, **moe)
+    assert cm.affine_in_context
     rng = np.random.default_rng(0)
     for n in (1, 3, 64, 300):
         c0 = float(rng.integers(n, 4000 * n))
@@ -125,6 +132,11 @@ _MATRIX = {
                                     workload={"arrival": "closed", "concurrency": 16, "num_requests": 300,
                                               "rate_rps": None, "think_time_s": {"dist": "exponential", "mean": 0.5}}),
     "gated": dict(workload={"rate_rps": 4.0, "duration_s": 60.0, "max_concurrency": 6, "warmup_s": 5.0}),
+    # a MoE target with skewed routing and expert parallelism (the weights read follow the tokens)
+    "moe-ep": dict(rack={"gpu": "h100-sxm", "num_gpus": 2},
+                   deployment={"model": "qwen3-30b-a3b", "tensor_parallel": 2, "expert_parallel": True,
+                               "moe_routing_skew": 0.8},
+                   workload={"rate_rps": 4.0, "duration_s": 40.0, "warmup_s": 5.0}),
 }
 
 
@@ -169,6 +181,16 @@ def test_fused_equals_unfused_on_a_trace_like_table(make_scenario) -> None:
         _same_requests(res[False][0], res[True][0])
         _same_steps(res[False][1], res[True][1])
         assert res[False][3] == pytest.approx(res[True][3], rel=RTOL)
+
+
+def test_sliding_window_models_do_not_fuse(make_scenario) -> None:
+    """gpt-oss's windowed layers read min(context, window) per sequence: not affine, so no fusion."""
+    sc = make_scenario(rack={"gpu": "h100-sxm", "num_gpus": 1},
+                       deployment={"model": "gpt-oss-20b", "tensor_parallel": 1, "weights": "mxfp4"},
+                       workload={"rate_rps": 1.0, "duration_s": 20.0})
+    assert not build_runtime(sc).cost.affine_in_context
+    res = simulate(sc, 1)
+    assert (res.steps["count"] == 1).all() and res.summary["completed_requests"] > 0
 
 
 def test_speculative_runs_do_not_fuse(make_scenario) -> None:

@@ -65,8 +65,10 @@ def test_fp8_kv_bytes_per_token_is_half_of_bf16(name: str) -> None:
     m = MODELS[name]
     bf, f8 = kv_bytes_per_token(m, KV_FORMATS["bf16"]), kv_bytes_per_token(m, KV_FORMATS["fp8"])
     assert f8 == pytest.approx(bf / 2, rel=1e-12)
-    # GQA: K and V, every layer, the KV heads only
-    assert bf == 2 * m.num_layers * m.num_kv_heads * m.head_dim * 2
+    if m.mla:  # multi-head latent attention: one compressed latent plus the RoPE key per layer
+        assert bf == m.num_layers * (m.kv_lora_rank + m.qk_rope_head_dim) * 2
+    else:  # GQA: K and V, every layer, the KV heads only
+        assert bf == 2 * m.num_layers * m.num_kv_heads * m.head_dim * 2
 
 
 def test_70b_kv_per_token_matches_hand_count() -> None:
@@ -78,7 +80,7 @@ def test_70b_kv_per_token_matches_hand_count() -> None:
     (get_gpu, "h100", "h100-sxm"),
     (get_gpu, "a100", "a100-80gb"),
     (get_model, "llama-3.1-7b", "llama-3.1-"),
-    (get_model, "llama3-70b", "llama-3.1-70b"),
+    (get_model, "llama3-70b", "llama-3."),  # llama-3.1-70b or llama-3.3-70b
     (get_weight_format, "int3", "int"),
     (get_kv_format, "fp16", ""),
 ])
