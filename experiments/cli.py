@@ -161,6 +161,8 @@ def _run(a: argparse.Namespace) -> int:
           f"{verdict}{' (' + s['verdict_reason'] + ')' if s['verdict_reason'] else ''} -> {out}")
     print(f"  capacity {s['capacity_rps']:.2f} req/s" + (f", with speculation {s['speculative_capacity_rps']:.2f}"
                                                         if "speculative_capacity_rps" in s else ""))
+    if "cache_hit_rate" in s:  # prefix caching acted (requests carry block hashes)
+        print(cache_line(s))
     if s["loop"] != "open":
         _print_benchmark(s)
     for name, c in s["slo"].items():
@@ -169,6 +171,18 @@ def _run(a: argparse.Namespace) -> int:
               f"{'met' if c['met'] else 'MISSED'}")
     print(f"  SLO {'met' if s['slo_met'] else 'NOT met'}")
     return 0
+
+
+def cache_line(s: dict[str, Any]) -> str:
+    """The prefix-cache figures of a summary, one line (docs/METRICS.md, 'Prefix caching')."""
+    return (f"  prefix cache: {s['cache_hit_rate']:.1%} of prompt tokens cached ({s['cache_request_hit_rate']:.0%} of "
+            f"requests hit), {s['prefill_tokens_saved']:,} prefill tokens saved, {s['prefill_tokens_computed']:,} "
+            f"computed; TTFT mean {_ms(s['ttft_hit_s']['mean'])} on a hit, {_ms(s['ttft_miss_s']['mean'])} on a miss")
+
+
+def _ms(x: float) -> str:
+    """Seconds as '123 ms', or 'none' when no request had that (NaN)."""
+    return f"{x * 1e3:.0f} ms" if x == x else "none"
 
 
 def _print_benchmark(s: dict[str, Any]) -> None:

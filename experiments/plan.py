@@ -172,6 +172,9 @@ class PlanSpec:
                       f"{', chunked' if sched.chunked_prefill else ', whole prompts'}, max_num_batched_tokens "
                       f"{sched.max_num_batched_tokens}, max_num_seqs {sched.max_num_seqs}",
             "base rack": f"{b.rack.num_gpus}x {b.rack.gpu} (the search sizes racks of {', '.join(self.gpus)} up to {self.max_gpus} GPUs)",
+            "routing and prefix caching": f"router {dep.router}, prefix caching {'on' if dep.prefix_caching else 'off'}"
+                                          + (f"; conversations of {wl.conversations.turns} turns" if wl.conversations
+                                             else ""),
             "strategies": ", ".join(s.name for s in self.strategies),
             "SLO": f"{b.slo.describe()}, judged on a stable run (every seed)",
             "tail-quality floor": f"{self.quality_floor_tail:g}",
@@ -773,6 +776,9 @@ def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
         quality_in_distribution=sm["quality_in_distribution"], quality_tail=sm["quality_tail"],
         usd_per_gpu_hour=price,
     )
+    if "cache_hit_rate" in sm:  # prefix caching acted (requests carry block hashes): docs/METRICS.md
+        row.update(cache_hit_rate=sm["cache_hit_rate"], prefill_tokens_saved=sm["prefill_tokens_saved"],
+                   ttft_hit_p99_s=sm["ttft_hit_s"]["p99"], ttft_miss_p99_s=sm["ttft_miss_s"]["p99"])
     if cap_rps is not None:
         row.update(capacity_per_replica_rps=cap_rps, capacity_rps=cap_rps * replicas,
                    utilisation=rate / (cap_rps * replicas))

@@ -134,6 +134,7 @@ class ReplicaRuntime:
     quality: tuple[float, float]  # (in-distribution, tail), relative to the full-precision teacher
     retraining: Retraining | None
     usd_per_gpu_hour: float
+    prefix_caching: bool = False  # keep and reuse full KV blocks of requests that carry block hashes
 
 
 def target_model(sc: Scenario) -> LLM:
@@ -250,6 +251,9 @@ def check_scenario(sc: Scenario) -> None:
                 c.acceptance_for(spec.acceptance_key)
             except ConfigError as err:
                 raise ValueError(f"{err}; add {spec.acceptance_key} = <rate> to its acceptance table") from None
+    if dep.router == "prefix_affinity" and not dep.prefix_caching:
+        raise ValueError("deployment.router 'prefix_affinity' routes by the replicas' prefix caches; set "
+                         "deployment.prefix_caching = true or use router 'least_outstanding'")
     per_replica = gpus_per_replica(sc)
     if per_replica > sc.rack.num_gpus:
         draft_gpus = per_replica - dep.tensor_parallel
@@ -414,5 +418,5 @@ def build_runtime(sc: Scenario) -> ReplicaRuntime:
         engine=dep.engine,
         spec=spec_rt, num_replicas=replicas, gpus_per_replica=per_replica,
         max_model_len=min(MAX_MODEL_LEN, plan.kv_capacity_tokens), quality=(q_in, q_tail),
-        retraining=retraining, usd_per_gpu_hour=price,
+        retraining=retraining, usd_per_gpu_hour=price, prefix_caching=dep.prefix_caching,
     )

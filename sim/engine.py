@@ -18,6 +18,13 @@ Each step, in this order (vLLM v1-like):
 3. the step lasts the cost model's time for that batch (plus draft passes and machinery overhead
    when speculating); at its end tokens are emitted, finished sequences leave.
 
+Prefix caching (sim/prefix_cache.py; only when requests carry block hashes, decided once per
+replica): in step 2 an admitted request first references its longest cached prefix and its
+prefill starts after it; in step 3 the full blocks the step's prefill chunks completed join the
+cache, and a leaving (or, in step 1, a preempted) sequence caches its remaining full blocks and
+drops its references. `free_blocks` counts unreferenced cached blocks as free; the cache evicts
+them (LRU) when the engine has taken more than the truly free ones.
+
 State lives in fixed-size numpy slot arrays, so per-step work is independent of history.
 """
 
@@ -35,6 +42,7 @@ import simpy
 from models.cost import CostModel
 from models.memory import BLOCK_SIZE
 from models.speculative import expected_tokens_table, sample_accepted
+from sim.prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
     from sim.deployment import ReplicaRuntime
@@ -108,6 +116,8 @@ class FuseBound:
         g = self.next_index
         if router == "round_robin":
             j = g + (replica - g) % len(reps)
+        elif router == "prefix_affinity":
+            j = g  # the next request may come here (its route depends on the caches)
         else:
             o = reps[replica].outstanding()
             j = g + sum(max(0, o + (s.idx < replica) - s.outstanding()) for s in reps if s.idx != replica)
@@ -163,6 +173,29 @@ class Requests:
         self.match = np.zeros(n)  # suffix decoding: probability of a suffix-tree match at a decoding step
         self.n_done = 0  # requests completed so far
         self.on_complete: Callable[[int], None] | None = None  # closed loop: told how many just completed
+        # prefix caching (sim/prefix_cache.py): None when no request carries block hashes. Request r's
+        # units are unit_key[unit_off[r]:unit_off[r + 1]]; unit_cum holds, per unit, the KV blocks of
+        # the request's stream up to and including it (cumulative within the request)
+        self.unit_off: np.ndarray | None = None
+        self.unit_key = np.zeros(0, dtype=np.int64)
+        self.unit_cum = np.zeros(0, dtype=np.int64)
+        self.unit_nb = np.zeros(0, dtype=np.int64)
+        self.cached_tokens = np.zeros(n, dtype=np.int64)  # prompt tokens found cached at the first admission
+        self.prefill_cached = np.zeros(n, dtype=np.int64)  # prefill tokens served from the cache (all admissions)
+        self.prefill_computed = np.zeros(n, dtype=np.int64)  # prefill tokens computed (all admissions)
+        # tokens the admissions prefilled, cached or computed: the prompt, plus after a preemption what
+        # was prefilled before it and the prompt + output so far again (prefill_cached + computed = this)
+        self.prefill_tokens = np.zeros(n, dtype=np.int64)
+
+    def set_units(self, keys: list[np.ndarray], blocks: list[np.ndarray]) -> None:
+        """Give each request its cache units: unit keys and the full KV blocks each covers."""
+        lens = np.array([k.size for k in keys], dtype=np.int64)
+        self.unit_off = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        self.unit_key = np.concatenate(keys).astype(np.int64) if keys else np.zeros(0, dtype=np.int64)
+        self.unit_nb = np.concatenate(blocks).astype(np.int64) if blocks else np.zeros(0, dtype=np.int64)
+        cum = np.cumsum(self.unit_nb)
+        base = np.concatenate([[0], cum])[self.unit_off[:-1]]  # blocks before each request's first unit
+        self.unit_cum = cum - np.repeat(base, lens)
 
 
 class Replica:
@@ -194,7 +227,14 @@ class Replica:
         self.n_prop = np.zeros(s, dtype=np.int64)  # drafted tokens proposed so far
         self.n_verify = np.zeros(s, dtype=np.int64)  # verification steps so far
         self.n_vemit = np.zeros(s, dtype=np.int64)  # tokens emitted by those verifications
-        self.free_blocks = rt.plan.num_blocks
+        self.free_blocks = rt.plan.num_blocks  # truly free + unreferenced cached (evictable) blocks
+        # prefix caching, decided once: only when enabled and some request carries block hashes
+        self.cache = PrefixCache() if (rt.prefix_caching and reqs.unit_off is not None) else None
+        self._fields: tuple[str, ...] = self._FIELDS
+        if self.cache is not None:
+            self.n_units = np.zeros(s, dtype=np.int64)  # leading units of its request the entry references
+            self.c_blocks = np.zeros(s, dtype=np.int64)  # KV blocks of those units (shared, not private)
+            self._fields = (*self._FIELDS, "n_units", "c_blocks")
         self.waiting: deque[int] = deque()
         self.n_running = 0
         self.wakeup = env.event()
@@ -241,14 +281,102 @@ class Replica:
         self.n_verify[i] = reqs.verify_steps[rid]
         self.n_vemit[i] = reqs.verify_emitted[rid]
         self.n_running = i + 1
+        if self.cache is not None:
+            self._attach_prefix(i, rid)
         return i
+
+    # ------------------------------------------------------------- prefix caching
+    def _units(self, rid: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Request rid's unit keys, cumulative KV blocks and KV blocks per unit."""
+        reqs = self.reqs
+        assert reqs.unit_off is not None
+        lo, hi = int(reqs.unit_off[rid]), int(reqs.unit_off[rid + 1])
+        return reqs.unit_key[lo:hi], reqs.unit_cum[lo:hi], reqs.unit_nb[lo:hi]
+
+    def _hit(self, rid: int, tokens: int) -> tuple[int, int]:
+        """(units, KV blocks) of rid's longest cached prefix that leaves at least one of its
+        `tokens` to compute (the last token's logits are needed: vLLM caps a hit at tokens - 1)."""
+        cache = self.cache
+        assert cache is not None
+        keys, cum, _ = self._units(rid)
+        cache.reclaim(self.free_blocks)
+        h = cache.match(keys)
+        h = min(h, int(np.searchsorted(cum, (tokens - 1) // BLOCK_SIZE, side="right")))
+        return h, (int(cum[h - 1]) if h else 0)
+
+    def prefix_match_tokens(self, rid: int) -> int:
+        """Tokens of rid's prompt this replica holds cached (for the prefix-affinity router)."""
+        if self.cache is None:
+            return 0
+        _, blocks = self._hit(rid, int(self.reqs.prompt[rid]) + 1)
+        return blocks * BLOCK_SIZE
+
+    def _attach_prefix(self, i: int, rid: int) -> None:
+        """At admission: reference the request's cached prefix; its prefill starts after it (the
+        cost model then charges the chunks' attention over the cached context)."""
+        reqs, cache = self.reqs, self.cache
+        assert cache is not None
+        target = int(self.target[i])
+        h, blocks = self._hit(rid, target)
+        self.free_blocks -= cache.acquire(self._units(rid)[0][:h])
+        self.computed[i] = blocks * BLOCK_SIZE  # the prefill starts at the first uncached block
+        self.blocks[i] = self.c_blocks[i] = blocks
+        self.n_units[i] = h
+        if np.isnan(reqs.scheduled[rid]):  # the first admission (set just after it)
+            reqs.cached_tokens[rid] = blocks * BLOCK_SIZE
+        reqs.prefill_cached[rid] += blocks * BLOCK_SIZE
+        reqs.prefill_tokens[rid] += target
+
+    def _register(self, i: int) -> None:
+        """Entry i's units that are now fully computed join the cache (after a prefill chunk, and
+        before it leaves: the output's full blocks too, when its units cover them)."""
+        cache = self.cache
+        assert cache is not None
+        keys, cum, nb = self._units(int(self.rid[i]))
+        u0 = int(self.n_units[i])
+        u1 = int(np.searchsorted(cum, int(self.computed[i]) // BLOCK_SIZE, side="right"))
+        if u1 > u0:
+            cache.reclaim(self.free_blocks)
+            self.free_blocks += cache.insert(keys[u0:u1], nb[u0:u1])
+            self.n_units[i] = u1
+            self.c_blocks[i] = int(cum[u1 - 1])
+
+    def kv_accounting(self) -> dict[str, int]:
+        """The paged-KV pool by use (for tests): blocks private to running sequences, cached and
+        referenced, cached and unreferenced (free capacity), and the engine's free blocks; private +
+        referenced + free = the pool, always."""
+        n = self.n_running
+        cache = self.cache
+        private = int(self.blocks[:n].sum())
+        referenced = 0
+        if cache is not None:
+            private -= int(self.c_blocks[:n].sum())
+            referenced = sum(cache.nb[k] for k, r in cache.ref.items() if r > 0)
+        return {"private": private, "referenced": referenced, "evictable": cache.evictable if cache else 0,
+                "free": self.free_blocks, "pool": self.rt.plan.num_blocks}
+
+    def _release(self, i: int) -> None:
+        """Entry i leaves (finished or preempted): its full units are cached, its private blocks
+        freed, its references dropped (units nobody references become free capacity)."""
+        cache = self.cache
+        assert cache is not None
+        self._register(i)
+        keys = self._units(int(self.rid[i]))[0]
+        cache.reclaim(self.free_blocks)
+        freed = int(self.blocks[i] - self.c_blocks[i]) + cache.release(keys[: int(self.n_units[i])])
+        self.free_blocks += freed
 
     def _preempt_youngest(self) -> None:
         """Preempt by recompute the most recently admitted sequence (the last entry)."""
         i = self.n_running - 1
         self._sync(slice(i, i + 1))
         rid = int(self.rid[i])
-        self.free_blocks += int(self.blocks[i])
+        if self.cache is None:
+            self.free_blocks += int(self.blocks[i])
+        else:
+            # a prefill cut short stood for only the tokens it got to (cached or computed)
+            self.reqs.prefill_tokens[rid] -= max(0, int(self.target[i] - self.computed[i]))
+            self._release(i)
         self.reqs.preemptions[rid] += 1
         self.waiting.appendleft(rid)
         self.n_running = i
@@ -256,7 +384,7 @@ class Replica:
     def _compact(self, keep: np.ndarray) -> None:
         n = self.n_running
         m = int(keep.sum())
-        for f in self._FIELDS:
+        for f in self._fields:
             a = getattr(self, f)
             a[:m] = a[:n][keep]
         self.n_running = m
@@ -456,16 +584,26 @@ class Replica:
             c = self._fit_chunk(i, budget, budget == full)
             if np.isnan(reqs.scheduled[rid]):
                 reqs.scheduled[rid] = self.env.now
-            chunk_idx.append(i)
-            chunks.append(c)
-            budget -= c
+            if c > 0:  # 0 only when a prefix-cache hit took the last free blocks: it waits for more
+                chunk_idx.append(i)
+                chunks.append(c)
+                budget -= c
         return chunk_idx, chunks
 
     def _fits_whole(self, rid: int, budget: int, alone: bool) -> bool:
         """Without chunked prefill: the whole prompt (plus output so far, when recomputing) fits
-        in the budget (or goes alone in an empty step) and in the free KV blocks."""
+        in the budget (or goes alone in an empty step) and in the free KV blocks. With a prefix
+        cache, only the uncached tokens count, and a hit on unreferenced cached blocks takes them
+        from the free capacity."""
         tokens = int(self.reqs.prompt[rid] + self.reqs.generated[rid])
-        return (tokens <= budget or alone) and -(-tokens // BLOCK_SIZE) <= self.free_blocks
+        need = -(-tokens // BLOCK_SIZE)
+        if self.cache is not None:
+            h, blocks = self._hit(rid, tokens)
+            tokens -= blocks * BLOCK_SIZE
+            need -= blocks
+            if h:  # unreferenced cached blocks of the hit are free capacity the admission takes
+                need += self.cache.evictable_blocks(self._units(rid)[0][:h])
+        return (tokens <= budget or alone) and need <= self.free_blocks
 
     def run(self) -> Generator[simpy.Event, Any, None]:
         env, rt, reqs = self.env, self.rt, self.reqs
@@ -607,6 +745,10 @@ class Replica:
             # 3b. prefill progress; a finished prefill samples one token
             if n_pre:
                 self.computed[cs] += ch.astype(np.int64)
+                if self.cache is not None:  # prefill work done, and its full units join the cache
+                    self.reqs.prefill_computed[self.rid[cs]] += ch.astype(np.int64)
+                    for j in cs.tolist():
+                        self._register(j)
                 done = cs[self.computed[cs] >= self.target[cs]]
                 if done.size:
                     first = self.gen[done] == 0
@@ -637,7 +779,11 @@ class Replica:
             self._sync(f)
             reqs.completion[self.rid[f]] = now
             reqs.n_done += int(f.size)
-            self.free_blocks += int(self.blocks[f].sum())
+            if self.cache is None:
+                self.free_blocks += int(self.blocks[f].sum())
+            else:
+                for j in f.tolist():
+                    self._release(j)
             self._compact(~fin)
             if reqs.on_complete is not None:
                 reqs.on_complete(int(f.size))

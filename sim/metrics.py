@@ -388,6 +388,8 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     s["draft_share"] = float(st.draft_s.sum()) / busy if busy else 0.0
     s["spec_overhead_share"] = float(st.spec_overhead_s.sum()) / busy if busy else 0.0
     s["queue_growth_rps"] = queue_growth_rps(st)
+    if "cached_tokens" in req.columns:
+        s.update(prefix_cache_metrics(req[meas], lat[meas]))
     if loop == "open":
         s.update(stability(req, warmup_s=warmup_s, end_s=end_s, truncated=truncated))
     else:
@@ -399,6 +401,27 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     s["slo"] = slo_checks(s, slo)
     s["slo_met"] = bool(s["stable"] and all(c["met"] for c in s["slo"].values()))
     return s
+
+
+def prefix_cache_metrics(req: pd.DataFrame, lat: pd.DataFrame) -> dict[str, Any]:
+    """Prefix caching over the measured requests that were admitted (docs/METRICS.md, 'Prefix
+    caching'): the token hit rate (prompt tokens found cached at the first admission / prompt
+    tokens, what a trace's hash arithmetic counts), the share of requests that hit, the prefill
+    tokens saved and computed (all admissions, re-admissions after preemption included), and TTFT
+    split by hit (some prompt tokens cached) and miss."""
+    admitted = req.prefill_tokens.to_numpy() > 0
+    cached = req.cached_tokens.to_numpy(np.float64)[admitted]
+    prompt = float(req.prompt_tokens.to_numpy(np.float64)[admitted].sum())
+    hit = cached > 0
+    ttft = lat.ttft_s.to_numpy(np.float64)[admitted]
+    return {
+        "cache_hit_rate": float(cached.sum()) / prompt if prompt else float("nan"),
+        "cache_request_hit_rate": float(hit.mean()) if hit.size else float("nan"),
+        "prefill_tokens_saved": int(req.prefill_cached_tokens.sum()),
+        "prefill_tokens_computed": int(req.prefill_computed_tokens.sum()),
+        "ttft_hit_s": dist(ttft[hit]),
+        "ttft_miss_s": dist(ttft[~hit]),
+    }
 
 
 def bench_metrics(req: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:

@@ -46,7 +46,7 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
                 fuse.next_index = i
             yield ev
         while i < n and times[i] <= env.now:
-            _route(replicas, router, rr).submit(i)
+            _route(replicas, router, rr, i).submit(i)
             rr += 1
             i += 1
         if sum(len(r.waiting) for r in replicas) > backlog_limit and not stop.triggered:
@@ -56,10 +56,31 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
         fuse.next_arrival_s = float("inf")
 
 
-def _route(replicas: list[Replica], router: str, rr: int) -> Replica:
+# prefix_affinity's guards, SGLang's cache-aware router defaults (sgl-router / SMG: --cache-threshold
+# 0.3, --balance-abs-threshold 64, --balance-rel-threshold 1.5)
+AFFINITY_MIN_MATCH = 0.3  # share of the prompt the best replica must hold cached to win the request
+AFFINITY_BALANCE_ABS = 64  # imbalanced when max - min outstanding exceeds this ...
+AFFINITY_BALANCE_REL = 1.5  # ... and max exceeds min x this: then least outstanding, caches ignored
+
+
+def _route(replicas: list[Replica], router: str, rr: int, rid: int) -> Replica:
     if router == "round_robin":
         return replicas[rr % len(replicas)]
-    return min(replicas, key=Replica.outstanding)
+    if router == "least_outstanding" or len(replicas) == 1:
+        return min(replicas, key=Replica.outstanding)
+    # prefix_affinity (SGLang's cache-aware router): while the replicas are balanced, the one
+    # holding the longest cached prefix of the prompt (ties: fewer outstanding, then lower index),
+    # if it holds at least AFFINITY_MIN_MATCH of the prompt; otherwise least outstanding
+    loads = [r.outstanding() for r in replicas]
+    lo, hi = min(loads), max(loads)
+    least = replicas[loads.index(lo)]
+    if hi - lo > AFFINITY_BALANCE_ABS and hi > lo * AFFINITY_BALANCE_REL:
+        return least
+    match = [r.prefix_match_tokens(rid) for r in replicas]
+    best = max(range(len(replicas)), key=lambda j: (match[j], -loads[j], -j))
+    if match[best] < AFFINITY_MIN_MATCH * float(replicas[best].reqs.prompt[rid]):
+        return least
+    return replicas[best]
 
 
 class ClosedLoop:
@@ -100,12 +121,12 @@ class ClosedLoop:
         if self.frontend_s > 0:  # the request reaches the engine's queue after the frontend
             self.env.process(self._enqueue_after(i, self.frontend_s))
             return
-        _route(self.replicas, self.router, self.rr).submit(i)
+        _route(self.replicas, self.router, self.rr, i).submit(i)
         self.rr += 1
 
     def _enqueue_after(self, i: int, delay: float) -> Generator[simpy.Event, Any, None]:
         yield self.env.timeout(delay)
-        _route(self.replicas, self.router, self.rr).submit(i)
+        _route(self.replicas, self.router, self.rr, i).submit(i)
         self.rr += 1
 
     def _submit_at(self, i: int, t: float) -> Generator[simpy.Event, Any, None]:
@@ -155,6 +176,10 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     reqs = Requests(arrival, table.prompt_tokens.to_numpy(np.int64), table.output_tokens.to_numpy(np.int64), acc)
     if sc.speculative is not None and sc.speculative.method == "suffix":  # per-request match probability
         reqs.match = np.array([c.suffix_match or 0.0 for c in wl.classes])[cls]
+    # prefix caching acts when it is on and the requests carry block hashes (sim/workload.py)
+    units = rt.prefix_caching and "unit_keys" in table.columns
+    if units:
+        reqs.set_units(table.unit_keys.to_list(), table.unit_blocks.to_list())
     env = simpy.Environment()
     log = StepLog()
     engine_rng = streams(seed)["engine"]
@@ -202,6 +227,14 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         "draft_proposed": reqs.proposed, "draft_accepted": reqs.accepted, "verify_steps": reqs.verify_steps,
         "verify_emitted": reqs.verify_emitted,
     })
+    for col in ("conversation", "turn"):  # multi-turn conversations (sim/workload.py)
+        if col in table.columns:
+            req_df[col] = table[col].to_numpy()
+    if units:  # prefix caching: what each request found cached and computed (docs/METRICS.md)
+        req_df["cached_tokens"] = reqs.cached_tokens
+        req_df["prefill_cached_tokens"] = reqs.prefill_cached
+        req_df["prefill_computed_tokens"] = reqs.prefill_computed
+        req_df["prefill_tokens"] = reqs.prefill_tokens
     req_df.attrs["rejected"] = rejected
     steps = pd.DataFrame(log.table(), columns=list(STEP_COLUMNS))
     for c in ("replica", "batch_size", "decode_seqs", "k", "kv_blocks_used", "waiting", "count"):

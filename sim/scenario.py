@@ -165,7 +165,11 @@ class Deployment(_Strict):
     prefill: Literal["mixed", "separate"] | None = None
     chunked_prefill: bool | None = None
     scheduler_steps: Annotated[int, Field(ge=1, le=64)] | None = None  # vLLM 0.6 --num-scheduler-steps
-    router: Literal["round_robin", "least_outstanding"] = "least_outstanding"
+    router: Literal["round_robin", "least_outstanding", "prefix_affinity"] = "least_outstanding"
+    # automatic prefix caching (vLLM V1's and SGLang's default): full KV blocks of requests that
+    # carry block hashes (a Mooncake trace's hash_ids, [workload] conversations) are kept and
+    # reused; requests without hashes are unaffected (docs/MODEL.md, 'Prefix caching')
+    prefix_caching: bool = True
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     engine: str = DEFAULT_PROFILE  # an engine profile (models.engines): vllm-v1, vllm-0.6, sglang, trtllm, ...
     distilled_from: str | None = None
@@ -384,6 +388,27 @@ class ExponentialThink(_Strict):
 ThinkTime = Annotated[FixedThink | ExponentialThink, Field(discriminator="dist")]
 
 
+class Conversations(_Strict):
+    """Synthetic multi-turn conversations: each conversation has `turns` requests; turn 1's
+    prompt and every turn's output come from the workload's `prompt_tokens` / `output_tokens`;
+    turn t+1's prompt is turn t's prompt + its output + `growth_tokens` new user tokens, so it
+    shares turn t's whole token stream as a prefix. Open loop: conversations start at
+    rate_rps / turns (Poisson or gamma), and turn t+1 is sent `turn_gap_s` after turn t was sent
+    (the gap holds the answer's generation and the user's reading and typing)."""
+
+    turns: Annotated[int, Field(ge=1, le=1000)]
+    turn_gap_s: ThinkTime
+    growth_tokens: LengthDist = LogNormal(dist="lognormal", median=100, p90=400, max=4096)
+
+    @field_validator("turn_gap_s", mode="before")
+    @classmethod
+    def _gap_table(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            raise ValueError(f"must be a table such as {{ dist = \"exponential\", mean = 60.0 }} or "
+                             f"{{ dist = \"fixed\", value = 30.0 }} (seconds between a conversation's turns), got {v!r}")
+        return v
+
+
 class Workload(_Strict):
     """Arrivals: open loop (`poisson`, `gamma`, `trace`: requests arrive at their own times,
     `max_concurrency` optionally caps how many are in flight, as `vllm bench serve --request-rate R
@@ -413,6 +438,8 @@ class Workload(_Strict):
     think_time_s: ThinkTime | None = None
     # open loop behind a cap of requests in flight (vllm bench serve --max-concurrency)
     max_concurrency: Annotated[int, Field(ge=1, le=MAX_CLIENTS)] | None = None
+    # synthetic multi-turn conversations sharing prefixes (Conversations; needs rate_rps)
+    conversations: Conversations | None = None
 
     @field_validator("think_time_s", mode="before")
     @classmethod
@@ -421,6 +448,18 @@ class Workload(_Strict):
             raise ValueError(f"must be a table such as {{ dist = \"fixed\", value = 0.5 }} or "
                              f"{{ dist = \"exponential\", mean = 2.0 }} (seconds), got {v!r}")
         return v
+
+    def _check_conversations(self) -> None:
+        if self.conversations is None:
+            return
+        if self.arrival not in ("poisson", "gamma"):
+            raise ValueError(f"conversations: need arrival = 'poisson' or 'gamma' (conversations start open loop), "
+                             f"got arrival '{self.arrival}'; remove conversations or change arrival")
+        if self.rate_rps is None:
+            raise ValueError("conversations: give rate_rps = <requests/s, all turns counted> instead of utilisation "
+                             "(utilisation refers to the capacity at single-turn lengths without caching)")
+        if self.max_concurrency is not None:
+            raise ValueError("conversations: max_concurrency is not supported with conversations; remove one of them")
 
     @property
     def closed(self) -> bool:
@@ -451,6 +490,7 @@ class Workload(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> Workload:
         self._check_loop()
+        self._check_conversations()
         if self.arrival == "trace" and not self.trace:
             raise ValueError("arrival 'trace' needs trace = '<path to a trace file>'")
         if (self.trace_start_s is not None or self.trace_end_s is not None) and not self.replays_trace:

@@ -145,8 +145,9 @@ def _read_mooncake(path: Path, name: str) -> pd.DataFrame:
                     raise ConfigError(f"{name} line {n}: missing field '{key}'; each object needs "
                                       f"{', '.join(_HEADERS['mooncake'])} (hash_ids optional)")
             hashes = obj.get("hash_ids", [])
-            if not isinstance(hashes, list):
-                raise ConfigError(f"{name} line {n}: hash_ids={_show(hashes)} must be a list of integers")
+            if not isinstance(hashes, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes):
+                raise ConfigError(f"{name} line {n}: hash_ids={_show(hashes)} must be a list of integers "
+                                  "(one prefix-block hash per 512 prompt tokens); fix or drop that row")
             rows.append({**obj, "hash_ids": " ".join(str(h) for h in hashes)})
             lines.append(n)
     if not rows:
@@ -249,3 +250,44 @@ def empirical_lengths(path: str | Path, column: str, fmt: str = "auto") -> np.nd
     if column not in ("prompt_tokens", "output_tokens"):
         raise ConfigError(f"column='{column}' is not a length column; use prompt_tokens or output_tokens")
     return load_trace(path, fmt)[column].to_numpy(np.int64)
+
+
+MOONCAKE_HASH_TOKENS = 512  # tokens per Mooncake hash id (FAST'25 trace README: "block size 512")
+
+
+def hash_units(hash_ids: list[str], prompt_tokens: np.ndarray, kv_block: int,
+               tokens_per_hash: int = MOONCAKE_HASH_TOKENS) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Prefix-cache units of trace requests from their hash ids (space-separated strings, one id per
+    `tokens_per_hash` prompt tokens, as Mooncake's `hash_ids`): per request, unit keys and the full
+    KV blocks of `kv_block` tokens each unit covers.
+
+    Hash id p of a request covers prompt tokens [p x 512, min((p + 1) x 512, prompt)): its unit
+    holds that span's full engine blocks (32 of 16 tokens; fewer for a partial last span, whose
+    trailing partial block is never cached). A unit's key is a chain hash, interned as an integer:
+    (the parent unit's key, the id, its blocks), so equal keys mean an equal whole prefix, whatever
+    the trace's ids promise. Ids beyond the prompt's length are ignored; the units stop at the
+    first span without a full block."""
+    if tokens_per_hash % kv_block:
+        raise ConfigError(f"trace hash blocks of {tokens_per_hash} tokens are not whole KV blocks of {kv_block}")
+    per = tokens_per_hash // kv_block
+    intern: dict[tuple[int, int, int], int] = {}
+    keys: list[np.ndarray] = []
+    blocks: list[np.ndarray] = []
+    for text, tokens in zip(hash_ids, prompt_tokens.tolist(), strict=True):
+        ids = text.split()
+        n = min(len(ids), -(-int(tokens) // tokens_per_hash))
+        ks: list[int] = []
+        bs: list[int] = []
+        parent = -1
+        for p in range(n):
+            nb = min(per, (int(tokens) - p * tokens_per_hash) // kv_block)
+            if nb <= 0:
+                break
+            parent = intern.setdefault((parent, int(ids[p]), nb), len(intern))  # ids: integers (the loader checked)
+            ks.append(parent)
+            bs.append(nb)
+            if nb < per:
+                break
+        keys.append(np.asarray(ks, dtype=np.int64))
+        blocks.append(np.asarray(bs, dtype=np.int64))
+    return keys, blocks

@@ -2,7 +2,11 @@
 
 Streams (numpy SeedSequence.spawn, in this fixed order): arrivals, prompt lengths, output lengths,
 traffic classes, acceptance quantiles, engine (acceptance draws), think (closed-loop think times;
-last, so that adding it left every other stream's values as they were). Changing the strategy
+last, so that adding it left every other stream's values as they were); multi-turn conversations
+use one more, `conversation_stream` (child CONVERSATION_STREAM of the same SeedSequence).
+
+Requests that carry block hashes (a Mooncake trace's `hash_ids`, synthetic conversations) get
+two object columns, `unit_keys` and `unit_blocks`: their prefix-cache units (sim/prefix_cache.py). Changing the strategy
 never perturbs the arrivals: every strategy at a load point sees the same requests.
 
 A closed loop (`arrival = "closed"`) has no arrival times before the run: its table holds the
@@ -22,8 +26,10 @@ import pandas as pd
 from scipy.special import ndtri
 
 from models.errors import ConfigError
+from models.memory import BLOCK_SIZE
 from sim.scenario import (
     MAX_REQUESTS,
+    Conversations,
     Empirical,
     ExponentialThink,
     Fixed,
@@ -32,11 +38,19 @@ from sim.scenario import (
     Workload,
     check_request_count,
 )
-from sim.traces import empirical_lengths, load_trace, scale_to_rate, trace_rate_rps
+from sim.traces import empirical_lengths, hash_units, load_trace, scale_to_rate, trace_rate_rps
 
 STREAMS = ("arrivals", "prompt", "output", "classes", "acceptance", "engine", "think")
+# multi-turn conversations draw growth and turn gaps from a stream of their own, child 100 of the
+# seed's SeedSequence (far past STREAMS, so streams appended there never coincide with it)
+CONVERSATION_STREAM = 100
 Z90 = 1.2815515655446004  # standard normal 90th percentile
 MEAN_QUANTILES = 20_000  # midpoint quantiles that integrate a rounded, clipped lognormal's mean
+
+
+def conversation_stream(seed: int) -> np.random.Generator:
+    """The conversations' generator (growth tokens, turn gaps), independent of every named stream."""
+    return np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(CONVERSATION_STREAM,)))
 
 
 def streams(seed: int) -> dict[str, np.random.Generator]:
@@ -119,6 +133,56 @@ def think_mean(think: FixedThink | ExponentialThink | None) -> float:
     return think.value if isinstance(think, FixedThink) else think.mean
 
 
+def conversations(conv: Conversations, wl: Workload, rs: dict[str, np.random.Generator], rate_rps: float,
+                  rc: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Multi-turn conversations, open loop: (arrival, prompt, output, conversation, turn) per request,
+    sorted by arrival. Conversations start at rate_rps / turns (the workload's arrival process);
+    turn 1's prompt and every output come from the workload's length distributions; turn t + 1
+    is sent a `turn_gap_s` after turn t, its prompt turn t's prompt + output + growth_tokens. With
+    num_requests n: ceil(n / turns) conversations, and their first n turns by arrival."""
+    t = conv.turns
+    rate_c = rate_rps / t
+    n_c = None if wl.num_requests is None else -(-wl.num_requests // t)
+    if wl.arrival == "poisson":
+        start = poisson_arrivals(rs["arrivals"], rate_c, wl.duration_s if n_c is None else None, n_c)
+    else:
+        start = gamma_arrivals(rs["arrivals"], rate_c, wl.cv, wl.duration_s if n_c is None else None, n_c)
+    m = start.size
+    first = LengthSampler(wl.prompt_tokens, "prompt_tokens").sample(rs["prompt"], m)
+    output = LengthSampler(wl.output_tokens, "output_tokens").sample(rs["output"], m * t).reshape(m, t)
+    # growth and gaps from two children of the stream, row by row: conversation i's draws do not
+    # depend on how many conversations there are (a longer run starts with the same ones)
+    rc_growth, rc_gap = rc.spawn(2)
+    growth = LengthSampler(conv.growth_tokens, "prompt_tokens").sample(rc_growth, m * (t - 1)).reshape(m, t - 1)
+    gaps = think_times(conv.turn_gap_s, rc_gap, m * (t - 1)).reshape(m, t - 1)
+    prompt = np.empty((m, t), dtype=np.int64)
+    arrival = np.empty((m, t), dtype=np.float64)
+    prompt[:, 0], arrival[:, 0] = first, start
+    for j in range(1, t):
+        prompt[:, j] = prompt[:, j - 1] + output[:, j - 1] + growth[:, j - 1]
+        arrival[:, j] = arrival[:, j - 1] + gaps[:, j - 1]
+    conv_id = np.repeat(np.arange(m, dtype=np.int64), t)
+    turn = np.tile(np.arange(1, t + 1, dtype=np.int64), m)
+    order = np.argsort(arrival.ravel(), kind="stable")
+    a, p, o = arrival.ravel()[order], prompt.ravel()[order], output.ravel()[order]
+    c, tn = conv_id[order], turn[order]
+    keep = slice(0, wl.num_requests) if wl.num_requests is not None else a < wl.duration_s
+    return a[keep], p[keep], o[keep], c[keep], tn[keep]
+
+
+def conversation_units(prompt: np.ndarray, output: np.ndarray, conv: np.ndarray,
+                       ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Prefix-cache units of conversation turns: one per full KV block of the turn's token stream
+    (prompt and output). A conversation is one growing stream, so block j of every turn of
+    conversation c is the same content: key = c's first key + j (conversations never share keys)."""
+    blocks = (prompt + output) // BLOCK_SIZE
+    span = np.zeros(int(conv.max()) + 1 if conv.size else 0, dtype=np.int64)
+    np.maximum.at(span, conv, blocks)
+    base = np.concatenate([[0], np.cumsum(span)])[:-1]
+    keys = [np.arange(base[c], base[c] + b, dtype=np.int64) for c, b in zip(conv.tolist(), blocks.tolist(), strict=True)]
+    return keys, [np.ones(k.size, dtype=np.int64) for k in keys]
+
+
 def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | None = None) -> pd.DataFrame:
     """The request table: id, arrival_s, prompt_tokens, output_tokens, cls, accept_q (and think_s
     for a closed loop with think times).
@@ -128,6 +192,8 @@ def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | Non
     sends from it until duration_s); with a trace, its requests' lengths in order, at most that many."""
     rs = streams(seed)
     n = wl.num_requests
+    units: tuple[list[np.ndarray], list[np.ndarray]] | None = None
+    conv_id = turn = None
     if wl.closed:
         n = n if n is not None else pool
         if n is None or n < 1:
@@ -153,6 +219,13 @@ def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | Non
         arrival = df.arrival_s.to_numpy(np.float64) if not wl.closed else np.full(len(df), np.nan)
         prompt = df.prompt_tokens.to_numpy(np.int64)
         output = df.output_tokens.to_numpy(np.int64)
+        if "hash_ids" in df.columns and (df.hash_ids.str.len() > 0).any():  # Mooncake's prefix-block hashes
+            units = hash_units(df.hash_ids.to_list(), prompt, BLOCK_SIZE)
+    elif wl.conversations is not None:
+        assert rate_rps is not None
+        arrival, prompt, output, conv_id, turn = conversations(wl.conversations, wl, rs, rate_rps,
+                                                               conversation_stream(seed))
+        units = conversation_units(prompt, output, conv_id)
     else:
         if wl.closed:
             assert n is not None
@@ -188,4 +261,10 @@ def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | Non
     })
     if wl.closed and wl.think_time_s is not None:
         table["think_s"] = think_times(wl.think_time_s, rs["think"], m)
+    if conv_id is not None and turn is not None:
+        table["conversation"] = conv_id
+        table["turn"] = turn
+    if units is not None:
+        table["unit_keys"] = pd.Series(units[0], dtype=object)
+        table["unit_blocks"] = pd.Series(units[1], dtype=object)
     return table

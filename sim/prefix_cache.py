@@ -1,0 +1,121 @@
+"""A replica's prefix cache: full KV blocks kept by content, shared with running sequences.
+
+Semantics of vLLM's automatic prefix caching (docs/design/prefix_caching.md in vLLM; SGLang's
+RadixAttention, arXiv 2312.07104, behaves the same for this purpose):
+
+- A request carries **units**: runs of full KV blocks of its token stream, each with a key
+  that identifies the unit's tokens *and everything before them* (a chain hash: the key of a
+  unit is its parent's key plus its own tokens' ids, so equal keys mean equal prefixes). A
+  Mooncake trace's unit is one of its 512-token hash blocks (32 engine blocks of 16 tokens); a
+  synthetic conversation's unit is one engine block. Only full blocks are ever cached: a
+  sequence's last partial block is never shared.
+- Cached units live in the same paged-KV pool as running sequences. A unit referenced by a
+  running sequence is in use; an unreferenced one still holds its blocks but counts as **free
+  capacity**: the engine's `free_blocks` includes it, and when the engine takes more blocks than
+  are truly free, the least recently released unreferenced units are evicted (LRU), whole.
+- Released sequences put their units on the LRU list tail first (vLLM frees a request's blocks
+  in reverse order, so a chain's tail is evicted before its root).
+
+The cache evicts lazily: `reclaim(free_blocks)` evicts until the truly free blocks (free_blocks
+minus the unreferenced cached ones) are >= 0. The engine calls it before every cache operation,
+so the cache reads exactly as if each allocation had evicted at once (nothing looks at the cache
+between an allocation and the next operation). That keeps the engine's block arithmetic, fused
+runs included, untouched: they only ever decrement `free_blocks`.
+
+Plain Python dicts: every operation costs O(units touched), never O(cache size) or history.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+
+class PrefixCache:
+    """Cached units of one replica: key -> (running sequences referencing it, KV blocks), and the
+    unreferenced ones in LRU order."""
+
+    def __init__(self) -> None:
+        self.ref: dict[int, int] = {}  # key -> running sequences referencing the unit
+        self.nb: dict[int, int] = {}  # key -> KV blocks the unit holds
+        self.lru: OrderedDict[int, None] = OrderedDict()  # unreferenced units, least recently released first
+        self.evictable = 0  # KV blocks held by the units in self.lru
+        self.evicted_units = 0
+        self.evicted_blocks = 0
+
+    def reclaim(self, free_blocks: int) -> None:
+        """Evict LRU unreferenced units until the truly free blocks (free_blocks - evictable) are >= 0."""
+        while self.evictable > free_blocks:
+            key, _ = self.lru.popitem(last=False)
+            nb = self.nb.pop(key)
+            del self.ref[key]
+            self.evictable -= nb
+            self.evicted_units += 1
+            self.evicted_blocks += nb
+
+    def match(self, keys: np.ndarray) -> int:
+        """How many leading units of `keys` are cached (referenced or not)."""
+        ref = self.ref
+        h = 0
+        for k in keys.tolist():
+            if k not in ref:
+                break
+            h += 1
+        return h
+
+    def evictable_blocks(self, keys: np.ndarray) -> int:
+        """KV blocks of these (cached) units that are unreferenced: taking them uses free capacity."""
+        ref, nb = self.ref, self.nb
+        return sum(nb[k] for k in keys.tolist() if ref[k] == 0)
+
+    def acquire(self, keys: np.ndarray) -> int:
+        """Reference these cached units (a new sequence's hit). Returns the blocks that were
+        unreferenced (free capacity until now: the engine takes them from free_blocks)."""
+        ref, nb, lru = self.ref, self.nb, self.lru
+        taken = 0
+        for k in keys.tolist():
+            if ref[k] == 0:
+                del lru[k]
+                taken += nb[k]
+            ref[k] += 1
+        self.evictable -= taken
+        return taken
+
+    def insert(self, keys: np.ndarray, blocks: np.ndarray) -> int:
+        """A running sequence's newly computed full units join the cache, referenced by it. A unit
+        already cached (computed meanwhile by another sequence) is shared instead and the
+        sequence's own copy freed. Returns the change to the engine's free blocks."""
+        ref, nb, lru = self.ref, self.nb, self.lru
+        delta = 0
+        for k, b in zip(keys.tolist(), blocks.tolist(), strict=True):
+            r = ref.get(k)
+            if r is None:
+                ref[k] = 1
+                nb[k] = b
+                continue
+            delta += b  # the sequence's own copy is freed ...
+            if r == 0:  # ... and the cached one, free capacity until now, is in use again
+                del lru[k]
+                self.evictable -= b
+                delta -= b
+            ref[k] = r + 1
+        return delta
+
+    def release(self, keys: np.ndarray) -> int:
+        """A sequence leaves (finished or preempted): drop its references, tail first. Returns the
+        blocks that became unreferenced (now free capacity)."""
+        ref, nb, lru = self.ref, self.nb, self.lru
+        freed = 0
+        for k in keys[::-1].tolist():
+            r = ref[k] - 1
+            ref[k] = r
+            if r == 0:
+                lru[k] = None
+                freed += nb[k]
+        self.evictable += freed
+        return freed
+
+    def cached_blocks(self) -> int:
+        """KV blocks held by cached units, referenced or not."""
+        return sum(self.nb.values())
