@@ -88,3 +88,12 @@ def test_bad_day_tables_are_one_line_errors(tmp_path: Path, edit: tuple[str, str
     with pytest.raises(ConfigError) as err:
         load_plan(_write(tmp_path, PLAN.replace(*edit)))
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bundled_day_plan_loads_both_modes() -> None:
+    from experiments import bundled_plan
+
+    full, quick = load_plan(bundled_plan("day-70b")), load_plan(bundled_plan("day-70b"), quick=True)
+    assert full.day is not None and quick.day is not None
+    assert full.day.duration_s == 86400 and quick.day.duration_s == 7200  # the same day, compressed
+    assert full.rate_rps == quick.rate_rps == 12.0 and [s.name for s in full.strategies][-1] == "draft-1b-follow-load"
