@@ -147,6 +147,15 @@ def _run(a: argparse.Namespace) -> int:
         print(f"  SLO {name}: {pct} {metric.upper()} {c['value'] * 1e3:.1f} ms vs target {c['target'] * 1e3:.1f} ms "
               f"{'met' if c['met'] else 'MISSED'}")
     print(f"  SLO {'met' if s['slo_met'] else 'NOT met'}")
+    iv = res.intervals
+    if iv is not None and len(iv) > 1:  # the run over time: intervals.csv/.parquet and a time-series chart
+        from experiments.report import timeseries_chart
+
+        timeseries_chart(iv).write_html(out / "intervals.html", include_plotlyjs="inline")
+        met = float(iv.slo_met.mean())
+        print(f"  {len(iv)} intervals of {sc.sim.interval_s:g} s ({met:.0%} meet the SLO): replicas peak "
+              f"{s['replicas_peak']}, mean {s['replicas_mean']:.2f}, {s['gpu_hours']:.1f} GPU-hours "
+              f"({s['gpu_hours_per_day']:.0f} per day) -> {out / 'intervals.html'}")
     return 0
 
 
