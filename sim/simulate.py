@@ -223,6 +223,13 @@ def _fleet_summary(sc: Scenario, rt: ReplicaRuntime, req: pd.DataFrame, s: dict[
     out["gpu_hours"] = rep_s * rt.gpus_per_replica / 3600.0
     out["gpu_hours_per_day"] = out["gpu_hours"] * 86400.0 / end_s if end_s > 0 else float("nan")
     out["replica_warmup_s"] = replica_warmup_s(sc)
+    if timeline and sc.autoscale is not None:  # busy shares over the replicas actually running in the window
+        warm = sc.workload.warmup_s
+        run_s = float(replica_seconds(knots, warm, end_s))
+        if run_s > 0:
+            scale = (end_s - warm) * rt.num_replicas / run_s
+            for key in ("gpu_busy_fraction", "mfu", "hbm_bw_utilisation"):
+                out[key] = s[key] * scale
     sw = req.attrs.get("follow_load")
     if sw is not None:
         out["follow_load_switches"] = int(sum(1 for a, b in itertools.pairwise(sw) if a[2] != b[2]))
