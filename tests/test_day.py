@@ -239,3 +239,40 @@ def test_follow_load_is_never_much_worse_than_the_better_of_always_and_never(rep
     share = runs["follow"].intervals.speculating_share
     assert share.iloc[0] == 1.0 and share.iloc[-1] == 1.0 and (share == 0.0).any()  # on at the troughs, off at the peak
     assert 2 <= runs["follow"].summary["follow_load_switches"] <= 4  # hysteresis: no flapping
+
+
+def test_specrack_run_writes_the_intervals_and_their_chart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from experiments.cli import main
+
+    scenario = tmp_path / "day.toml"
+    scenario.write_text("""
+[rack]
+gpu = "h100-sxm"
+num_gpus = 8
+[deployment]
+model = "llama-3.1-70b"
+tensor_parallel = 4
+max_num_seqs = 128
+[workload]
+duration_s = 240
+warmup_s = 0
+prompt_tokens = { dist = "fixed", value = 512 }
+output_tokens = { dist = "fixed", value = 128 }
+rate_profile = { shape = "diurnal", peak_rps = 20, trough_rps = 3, day_s = 240 }
+[sim]
+interval_s = 60
+[autoscale]
+policy = "target_utilisation"
+target = 0.8
+interval_s = 10
+replica_warmup_s = 10
+""")
+    out_dir = tmp_path / "out"
+    assert main(["run", str(scenario), "--out", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "4 intervals of 60 s" in out and "GPU-hours" in out
+    iv = pd.read_csv(out_dir / "intervals.csv")
+    assert len(iv) == 4 and iv.offered_requests.sum() == len(pd.read_parquet(out_dir / "requests.parquet"))
+    assert "plotly" in (out_dir / "intervals.html").read_text()
+    assert main(["run", str(scenario), "--out", str(out_dir), "--set", "autoscale.policy=busy"]) == 2
+    assert "autoscale.policy" in capsys.readouterr().err
