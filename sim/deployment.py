@@ -133,6 +133,14 @@ def check_scenario(sc: Scenario) -> None:
             f"rack.num_gpus={sc.rack.num_gpus} is not a multiple of the {per_replica} GPUs per replica: {idle} GPU(s) "
             f"would sit idle and still be billed; use num_gpus = {lo} or {hi}, or set rack.allow_idle_gpus = true"
         )
+    prof = sc.workload.rate_profile
+    if prof is not None and getattr(prof, "file", None):  # a CSV profile: read (and checked) at validation
+        from sim.traces import load_rate_csv
+
+        try:
+            load_rate_csv(prof.file)  # type: ignore[union-attr]
+        except ConfigError as err:
+            raise ValueError(f"workload.rate_profile.file: {err}") from None
     auto = sc.autoscale
     if auto is not None:
         replicas = sc.rack.num_gpus // per_replica
