@@ -103,7 +103,8 @@ class Autoscaler:
     (`target_utilisation`: ceil(offered rate / (target x capacity per replica)); `queue`:
     ceil(requests in system / target)), clipped to [min, max]. Up: draining replicas come back
     first (they are loaded), then off replicas start warming. Down: to the highest desired count of
-    the last scale_down_window_s, the live replicas with the fewest outstanding requests drain."""
+    the last scale_down_window_s, replicas still warming are cancelled first, then the live replicas
+    with the fewest outstanding requests drain."""
 
     def __init__(self, env: simpy.Environment, fleet: Fleet, cfg: Autoscale, *, max_replicas: int,
                  arrival: np.ndarray, done_count: Any, replica_capacity_rps: float, warmup_s: float,
@@ -112,6 +113,7 @@ class Autoscaler:
         self.max_replicas, self.arrival, self.done_count = max_replicas, arrival, done_count
         self.cap, self.warmup_s, self.end_s = replica_capacity_rps, warmup_s, end_s
         self.history: list[tuple[float, int]] = []  # (tick, desired)
+        self.starts = [0] * len(fleet.replicas)  # warm-ups started per replica (a cancelled one is stale)
         self.decisions: list[tuple[float, float, int, int]] = []  # (t, signal, desired, live after)
         env.process(self.run())
 
@@ -151,10 +153,15 @@ class Autoscaler:
                 for i, s in enumerate(fleet.state):
                     if need and s == OFF:
                         fleet.set_state(i, WARMING)
-                        env.process(self._warm(i))
+                        self.starts[i] += 1
+                        env.process(self._warm(i, self.starts[i]))
                         need -= 1
-            elif target < fleet.count(LIVE) and target < up:
-                drop = min(fleet.count(LIVE) - target, up - target)
+            elif target < up:
+                drop = up - target
+                for i in reversed(range(len(fleet.state))):  # replicas still warming are cancelled first
+                    if drop and fleet.state[i] == WARMING:
+                        fleet.set_state(i, OFF)
+                        drop -= 1
                 live = [r for r in fleet.replicas if fleet.state[r.idx] == LIVE]
                 for r in sorted(live, key=lambda r: (r.outstanding(), -r.idx))[:drop]:
                     fleet.set_state(r.idx, DRAINING)
@@ -162,9 +169,9 @@ class Autoscaler:
                         fleet.set_state(r.idx, OFF)
             self.decisions.append((now, sig, want, fleet.count(LIVE)))
 
-    def _warm(self, i: int) -> Generator[simpy.Event, Any, None]:
+    def _warm(self, i: int, start: int) -> Generator[simpy.Event, Any, None]:
         yield _urgent(self.env, self.warmup_s)
-        if self.fleet.state[i] == WARMING:
+        if self.fleet.state[i] == WARMING and self.starts[i] == start:  # not cancelled (and restarted) since
             self.fleet.set_state(i, LIVE)
 
 
