@@ -95,6 +95,13 @@ def _validate(a: argparse.Namespace) -> int:
     check_fits(sc, rt, table.prompt_tokens.to_numpy(), table.output_tokens.to_numpy())
     print(f"{a.scenario}: ok ({sc.name}: {rt.num_replicas} replica(s) of {sc.deployment.model} TP{sc.deployment.tensor_parallel}"
           f" on {sc.rack.gpu}, KV {rt.plan.kv_capacity_tokens} tokens per replica)")
+    if wl.rate_profile is not None:
+        print(f"  rate profile: {wl.rate_profile.model_dump(mode='json')} -> {len(table)} requests over {wl.duration_s:g} s")
+    if sc.autoscale is not None:
+        from sim.simulate import replica_warmup_s
+
+        print(f"  autoscale: {sc.autoscale.model_dump(mode='json', exclude_none=True)}, replicas "
+              f"{sc.autoscale.min_replicas}-{sc.autoscale.max_replicas or rt.num_replicas}, warm-up {replica_warmup_s(sc):.0f} s")
     return 0
 
 
