@@ -35,8 +35,9 @@ LATENCY_COLUMNS = ("ttft_s", "tpot_s", "e2e_s")  # per-request latencies added t
 @dataclass
 class Result:
     """One run: the scenario and seed, the requests table (one row per request, with its latencies
-    `ttft_s`, `tpot_s`, `e2e_s`), the steps table (one row per engine step) and the summary
-    (docs/METRICS.md)."""
+    `ttft_s`, `tpot_s`, `e2e_s`), the steps table (one row per engine step), the summary and the
+    intervals table (one row per `[sim] interval_s`: latencies, throughput, replicas running, load;
+    docs/METRICS.md)."""
 
     scenario: Scenario
     seed: int
@@ -51,7 +52,7 @@ class Result:
         return pd.DataFrame([flatten(self.summary)])
 
     def write(self, out: str | Path) -> Path:
-        """Write requests.parquet, steps.parquet and summary.json into `out`."""
+        """Write requests.parquet, steps.parquet, summary.json and intervals.parquet/.csv into `out`."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         self.requests.to_parquet(out / "requests.parquet", index=False)
