@@ -276,3 +276,19 @@ replica_warmup_s = 10
     assert "plotly" in (out_dir / "intervals.html").read_text()
     assert main(["run", str(scenario), "--out", str(out_dir), "--set", "autoscale.policy=busy"]) == 2
     assert "autoscale.policy" in capsys.readouterr().err
+
+
+def test_round_robin_queue_autoscaling_is_exact_under_fusion(replica_cap: float) -> None:
+    """Round robin over a changing live set, the queue policy, ticks and warm-ups off the interval grid."""
+    data = _day(1.6 * replica_cap, 0.2 * replica_cap, rack={"num_gpus": 12}, deployment={"router": "round_robin"},
+                workload={"duration_s": 200.0, "rate_profile": {"shape": "diurnal", "peak_rps": 2.2 * replica_cap,
+                                                                "trough_rps": 0.2 * replica_cap, "day_s": 200.0}},
+                autoscale={"policy": "queue", "target": 40, "interval_s": 7.0, "replica_warmup_s": 11.0,
+                           "scale_down_window_s": 14.0},
+                sim={"interval_s": 25.0})
+    fused = simulate(scenario_from_dict(data), 3)
+    plain = simulate(scenario_from_dict({**data, "sim": {**data["sim"], "fuse_steps": False}}), 3)
+    assert int((fused.steps["count"] > 1).sum()) > 0 and fused.summary["replicas_peak"] >= 2
+    cols = ["arrival_s", "first_token_s", "completion_s", "replica"]
+    pd.testing.assert_frame_equal(fused.requests[cols], plain.requests[cols], check_exact=False, rtol=1e-12)
+    pd.testing.assert_frame_equal(fused.intervals, plain.intervals, check_exact=False, rtol=1e-9)
