@@ -116,6 +116,13 @@ def _validate(a: argparse.Namespace) -> int:
     check_fits(sc, rt, table.prompt_tokens.to_numpy(), table.output_tokens.to_numpy())
     print(f"{a.scenario}: ok ({sc.name}: {rt.num_replicas} replica(s) of {sc.deployment.model} TP{sc.deployment.tensor_parallel}"
           f" on {sc.rack.gpu}, KV {rt.plan.kv_capacity_tokens} tokens per replica)")
+    if wl.rate_profile is not None:
+        print(f"  rate profile: {wl.rate_profile.model_dump(mode='json')} -> {len(table)} requests over {wl.duration_s:g} s")
+    if sc.autoscale is not None:
+        from sim.simulate import replica_warmup_s
+
+        print(f"  autoscale: {sc.autoscale.model_dump(mode='json', exclude_none=True)}, replicas "
+              f"{sc.autoscale.min_replicas}-{sc.autoscale.max_replicas or rt.num_replicas}, warm-up {replica_warmup_s(sc):.0f} s")
     return 0
 
 
@@ -170,6 +177,15 @@ def _run(a: argparse.Namespace) -> int:
         print(f"  SLO {name}: {pct} {metric.upper()} {c['value'] * 1e3:.1f} ms vs target {c['target'] * 1e3:.1f} ms "
               f"{'met' if c['met'] else 'MISSED'}")
     print(f"  SLO {'met' if s['slo_met'] else 'NOT met'}")
+    iv = res.intervals
+    if iv is not None and len(iv) > 1:  # the run over time: intervals.csv/.parquet and a time-series chart
+        from experiments.report import timeseries_chart
+
+        timeseries_chart(iv).write_html(out / "intervals.html", include_plotlyjs="inline")
+        met = float(iv.slo_met.mean())
+        print(f"  {len(iv)} intervals of {sc.sim.interval_s:g} s ({met:.0%} meet the SLO): replicas peak "
+              f"{s['replicas_peak']}, mean {s['replicas_mean']:.2f}, {s['gpu_hours']:.1f} GPU-hours "
+              f"({s['gpu_hours_per_day']:.0f} per day) -> {out / 'intervals.html'}")
     return 0
 
 

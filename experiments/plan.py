@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.plan_cost import COST_KEYS, CostSpec, monthly_cost, parse_cost
+from experiments.plan_day import DAY_KEYS, DaySpec, day_traffic, parse_day
 from experiments.sweep import Variant, check_distinct, default_sweep_path, parse_variant
 from models.catalog import GPUS, get_gpu
 from models.engines import get_profile, resolve
@@ -152,6 +153,7 @@ class PlanSpec:
     traffic: Traffic | None = None
     not_applicable: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)  # (strategy, gpu) -> why
     expected_requests: int = 0  # requests arriving in the measured window of one run at the plan's rate
+    day: DaySpec | None = None  # [day]: the day replayed on an autoscaled fleet (experiments/plan_day.py)
     warnings: tuple[str, ...] = ()
     search: SearchSpec = dataclasses.field(default_factory=lambda: SearchSpec(configurations=False))
     cost: CostSpec = dataclasses.field(default_factory=CostSpec)
@@ -183,14 +185,16 @@ class PlanSpec:
             "cost": self.cost.describe(self.gpus),
             "prices": prices if self.cost.mode == "rent" else f"{prices} (rent prices; unused in buy mode)",
             "retraining": f"{self.teacher_updates_per_month:g} teacher updates/month, trained on {dist.training_gpu} at ${train_price:g}/h",
-            "traffic": traffic,
+            "traffic": traffic + (" (the peak of [day])" if self.day else ""),
+            **({"day": self.day.describe()} if self.day else {}),
             "simulated": f"{wl.duration_s:.0f} s per run after {wl.warmup_s:.0f} s warm-up included; "
                          f"~{self.expected_requests} measured requests per run; seeds {list(self.seeds)}",
         }
 
 
 # the keys each plan table takes; anything else is a typo (did-you-mean) or a key in the wrong table
-TOP_KEYS = ("name", "base", "base_set", "strategies", "traffic", "slo", "search", "cost", "quality", "analyses", "quick")
+TOP_KEYS = ("name", "base", "base_set", "strategies", "traffic", "slo", "search", "cost", "quality", "analyses", "quick",
+            "day")
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "traffic": ("rate_rps", "trace", "trace_format", "growth", "window", "start_s", "end_s"),
     "search": ("gpus", "usd_per_gpu_hour", "max_gpus", "duration_s", "warmup_s", "seeds", "configurations", "tp",
@@ -200,8 +204,9 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "quality": ("floor_tail", "teacher_updates_per_month", "training_gpu", "training_usd_per_gpu_hour"),
     "analyses": ("curve_multipliers", "map_utilisation", "map_acceptance", "shift_tail_shares", "shift_utilisation"),
     "slo": SLO_KEYS,
+    "day": DAY_KEYS,
 }
-QUICK_SECTIONS = ("traffic", "search", "cost", "quality", "analyses", "slo")
+QUICK_SECTIONS = ("traffic", "search", "cost", "quality", "analyses", "slo", "day")
 MIN_JUDGED = 500  # fewer measured requests than this make a p99 too noisy to buy hardware on
 MAX_RATE_SHIFT = 0.10  # --quick may not move the simulated rate further than this from the plan's
 
@@ -382,6 +387,12 @@ def load_plan(path: str | Path, quick: bool = False) -> PlanSpec:
                     d["search"].pop(k, None)
             d[section].update(values)
     search, q, a = d["search"], d["quality"], d["analyses"]
+    day = parse_day(d, p.parent)  # [day]: the fixed rack is sized for the day's peak (experiments/plan_day.py)
+    if day is not None:
+        d["traffic"] = day_traffic(d["traffic"], day)
+        full_day = parse_day(full, p.parent)
+        assert full_day is not None
+        full["traffic"] = day_traffic(full["traffic"], full_day)
     tr, dur, warm = _resolve_traffic(d, p)
     warnings: list[str] = []
     if quick and q_tab:  # the quick plan must still judge the plan's traffic
@@ -447,7 +458,7 @@ def load_plan(path: str | Path, quick: bool = False) -> PlanSpec:
         shift_tail_shares=_nums(a, "shift_tail_shares", [0.0, 0.2, 0.4, 0.6], lo=0, hi=0.999),
         shift_utilisation=_num(a, "shift_utilisation", "analyses", 0.5, lo=0, lo_open=True, hi=5),
         traffic=tr, not_applicable=not_applicable, expected_requests=expected, warnings=tuple(warnings),
-        search=search_spec, cost=cost,
+        search=search_spec, cost=cost, day=day,
     )
 
 
@@ -567,13 +578,25 @@ def _nums(d: dict[str, Any], key: str, default: list[float], **bounds: Any) -> t
     return tuple(_num({key: x}, key, "analyses", 0.0, **bounds) for x in v)
 
 
+# built-in strategies beyond the default sweep's variants (not swept by `specrack sweep`):
+# speculation that follows the load (speculative.policy "follow_load", docs/METRICS.md), its
+# thresholds near where the 1B draft stops paying on the default mix
+EXTRA_STRATEGIES: dict[str, dict[str, Any]] = {
+    "draft-1b-follow-load": {"speculative": {"method": "draft_model", "draft_model": "llama-3.2-1b",
+                                             "num_speculative_tokens": 4, "policy": "follow_load",
+                                             "load_off_above": 0.7, "load_on_below": 0.6}},
+}
+
+
 def builtin_strategies() -> dict[str, Strategy]:
-    """The default sweep's variants and the further built-in strategies of
-    experiments/sweeps/strategies.toml (not swept by default), usable by name in plan files."""
+    """The default sweep's variants, the further built-in strategies of
+    experiments/sweeps/strategies.toml (not swept by default) and EXTRA_STRATEGIES, usable by name
+    in plan files."""
     out: dict[str, Strategy] = {}
     for path in (default_sweep_path(), default_sweep_path().with_name("strategies.toml")):
         for v in read_toml(path, "sweep")["variants"]:
             out.setdefault(v["name"], Strategy(v["name"], dict(v.get("set", {}))))
+    out.update({k: Strategy(k, dict(v)) for k, v in EXTRA_STRATEGIES.items()})
     return out
 
 
@@ -1108,6 +1131,10 @@ def main_plan(a: Any) -> int:
                 v.to_csv(out / f"{k}.csv", index=False)
     report = write_plan_report(spec, tables, out)
     print_ranked(answer, spec)
+    if spec.day is not None:  # the day on an autoscaled fleet, next to the fixed rack sized for its peak
+        from experiments.plan_day import print_day, run_day
+
+        print_day(spec.day, run_day(spec, answer, out)[0])
     print(f"wrote {out / 'plan.csv'}, {out / 'configs.csv'}, {report}")
     return 0
 

@@ -377,3 +377,31 @@ def write_report(df: pd.DataFrame, sp: pd.DataFrame, out: str | Path, *, spec: A
     path = out / "report.html"
     path.write_text(doc)
     return path
+
+
+TIMESERIES_PANELS = (
+    ("offered_rps", "offered req/s", 1.0), ("replicas_running", "replicas running", 1.0),
+    ("ttft_s_p99", "TTFT p99 (ms)", 1e3), ("tpot_s_mean", "TPOT mean (ms)", 1e3),
+    ("load_utilisation", "load (share of live capacity)", 1.0), ("speculating_share", "decode work speculating", 1.0),
+)
+
+
+def timeseries_chart(iv: pd.DataFrame, by: str | None = None,
+                     panels: tuple[tuple[str, str, float], ...] = TIMESERIES_PANELS) -> go.Figure:
+    """The intervals table over the day (x: hours from the start), one panel per column, one line
+    per value of `by` (a strategy, a rack) when given."""
+    cols = [p for p in panels if p[0] in iv.columns]
+    fig = make_subplots(rows=len(cols), cols=1, shared_xaxes=True, subplot_titles=[t for _, t, _ in cols],
+                        vertical_spacing=0.04)
+    groups = list(iv.groupby(by, sort=False)) if by else [("", iv)]
+    colours = _colour([str(k) for k, _ in groups])
+    for name, g in groups:
+        g = g.groupby("start_s", as_index=False).mean(numeric_only=True)  # mean over seeds
+        x = (g.start_s + g.end_s) / 2 / 3600.0
+        for i, (col, _, scale) in enumerate(cols, start=1):
+            fig.add_trace(go.Scatter(x=x, y=g[col] * scale, mode="lines+markers", name=str(name) or col,
+                                     legendgroup=str(name), showlegend=i == 1 and bool(by),
+                                     line={"color": colours[str(name)]} if by else None), row=i, col=1)
+    fig.update_xaxes(title_text="hours from the start of the day", row=len(cols), col=1)
+    fig.update_layout(height=220 * len(cols), margin={"t": 40, "l": 60, "r": 20, "b": 40})
+    return fig

@@ -91,7 +91,7 @@ def closed_loop_throughput(sc: Scenario, concurrency: int, seed: int, completion
         completions = int(np.clip(15 * concurrency, 800, MEASURED_COMPLETIONS))
     n = int(1.25 * (completions + 2 * concurrency))
     trace = sc.workload.replays_trace  # a trace's lengths (arrival 'trace', or 'closed' with a trace)
-    wl = sc.workload.model_copy(update={"num_requests": n, "utilisation": None, "rate_rps": 1.0,
+    wl = sc.workload.model_copy(update={"num_requests": n, "utilisation": None, "rate_rps": 1.0, "rate_profile": None,
                                         "arrival": "trace" if trace else "poisson"})
     table = generate(wl, seed, None if trace else 1.0)
     if len(table) < n:  # a short trace (or window): its requests' lengths, resampled with replacement
@@ -134,7 +134,11 @@ def _sustains(sc: Scenario, rate: float, seed: int) -> bool:
 def one_replica(sc: Scenario) -> tuple[Scenario, int]:
     """The scenario on a rack of one replica, and the scenario's replica count."""
     per = gpus_per_replica(sc)
-    return sc.with_overrides({"rack.num_gpus": per}), sc.rack.num_gpus // per
+    # capacity is a steady-state figure of the deployment: no autoscaler, no rate profile
+    over: dict[str, object] = {"rack.num_gpus": per, "autoscale": None}
+    if sc.workload.rate_profile is not None:
+        over.update({"workload.rate_profile": None, "workload.utilisation": 0.5})
+    return sc.with_overrides(over), sc.rack.num_gpus // per
 
 
 def measure_capacity(sc: Scenario, seed: int) -> Capacity:

@@ -269,6 +269,26 @@ def check_scenario(sc: Scenario) -> None:
             f"rack.num_gpus={sc.rack.num_gpus} is not a multiple of the {per_replica} GPUs per replica: {idle} GPU(s) "
             f"would sit idle and still be billed; use num_gpus = {lo} or {hi}, or set rack.allow_idle_gpus = true"
         )
+    prof = sc.workload.rate_profile
+    if prof is not None and getattr(prof, "file", None):  # a CSV profile: read (and checked) at validation
+        from sim.traces import load_rate_csv
+
+        try:
+            load_rate_csv(prof.file)  # type: ignore[union-attr]
+        except ConfigError as err:
+            raise ValueError(f"workload.rate_profile.file: {err}") from None
+    auto = sc.autoscale
+    if auto is not None:
+        replicas = sc.rack.num_gpus // per_replica
+        if sc.workload.closed or sc.workload.max_concurrency is not None:
+            raise ValueError("autoscale: scales an open-loop stream; remove [autoscale] or max_concurrency / "
+                             "arrival = 'closed'")
+        for key in ("max_replicas", "min_replicas", "initial_replicas"):
+            v = getattr(auto, key)
+            if v is not None and v > replicas:
+                raise ValueError(f"autoscale.{key}={v} exceeds the rack's {replicas} replicas (rack.num_gpus="
+                                 f"{sc.rack.num_gpus} / {per_replica} GPUs per replica); raise rack.num_gpus to "
+                                 f"{v * per_replica} or lower {key}")
     if dep.distilled_from:
         teacher = get_model(dep.distilled_from)
         if teacher.params_total <= target.params_total:

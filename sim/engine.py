@@ -239,6 +239,7 @@ class Replica:
         self.n_running = 0
         self.wakeup = env.event()
         self.idle = True
+        self.speculating = True  # speculative.policy "follow_load": switched by sim.fleet.FollowLoad
         self.proc = env.process(self.run())
 
     # ------------------------------------------------------------- routing
@@ -395,6 +396,8 @@ class Replica:
             return 0
         if spec.policy == "fixed":
             return spec.k
+        if spec.policy == "follow_load":
+            return spec.k if self.speculating else 0
         if spec.policy == "disable_above_batch":
             return 0 if self.n_running > spec.disable_batch_size else spec.k
         # adaptive: maximise expected emitted tokens per second of step time, k = 0..k_max, with
@@ -538,7 +541,7 @@ class Replica:
                     draft_s += d.total_s
                     flops += d.flops * dc.tp
                     nbytes += d.bytes * dc.tp
-            if n_dec:
+            if n_dec and self.speculating:  # follow_load switched off: the plain decode path
                 # the machinery (proposer, rejection sampler, bookkeeping) runs on every decoding
                 # step of a speculation-enabled engine, also when k = 0. vLLM issue 49548 measured
                 # it as a share of TPOT with nothing drafted, i.e. of a plain decode step over the

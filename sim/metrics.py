@@ -472,3 +472,113 @@ def _stats(name: str, x: np.ndarray, w: np.ndarray | None) -> dict[str, float]:
     return {f"mean_{name}_ms": mean, f"median_{name}_ms": pct(0.5),
             f"std_{name}_ms": float(np.sqrt((w * (x - mean) ** 2).sum() / w.sum())),
             f"p90_{name}_ms": pct(0.9), f"p99_{name}_ms": pct(0.99)}
+
+
+def replica_counts(timeline: list[tuple[float, int, int]] | None, replicas: int,
+                   billed: tuple[int, ...] = (1, 2, 3)) -> tuple[np.ndarray, np.ndarray]:
+    """(knots t, F(t)): the integral over [0, t] of the number of replicas whose state code is in
+    `billed` (sim.fleet: 0 off, 1 warming, 2 live, 3 draining), at every change, as a piecewise
+    linear function to interpolate (np.interp is exact on it). Without a timeline every replica
+    counts from 0 on."""
+    if not timeline:
+        return np.array([0.0, 1.0]), np.array([0.0, float(replicas)])
+    state = np.zeros(replicas, dtype=np.int64)
+    times: list[float] = []
+    counts: list[int] = []
+    events = sorted(timeline, key=lambda e: e[0])  # stable: same-time changes in the order they happened
+    i = 0
+    while i < len(events):
+        t = events[i][0]
+        while i < len(events) and events[i][0] == t:
+            state[events[i][1]] = events[i][2]
+            i += 1
+        times.append(t)
+        counts.append(int(np.isin(state, billed).sum()))
+    if times[0] > 0:
+        times.insert(0, 0.0)
+        counts.insert(0, 0)
+    t_arr = np.array([*times, times[-1] + 1.0])
+    c_arr = np.array(counts, dtype=np.float64)
+    f = np.concatenate([[0.0], np.cumsum(np.diff(t_arr) * c_arr)])
+    return t_arr, f
+
+
+def replica_seconds(knots: tuple[np.ndarray, np.ndarray], a: np.ndarray | float, b: np.ndarray | float) -> np.ndarray:
+    """Replica-seconds over [a, b) from `replica_counts` (the count after the last change holds on)."""
+    t, f = knots
+    slope = (f[-1] - f[-2]) / (t[-1] - t[-2])
+
+    def at(x: np.ndarray) -> np.ndarray:
+        return np.where(x <= t[-1], np.interp(x, t, f), f[-1] + slope * (x - t[-1]))
+
+    return at(np.asarray(b, dtype=np.float64)) - at(np.asarray(a, dtype=np.float64))
+
+
+INTERVAL_PERCENTILES = ("mean", "p50", "p90", "p99")
+
+
+def intervals(req: pd.DataFrame, steps: pd.DataFrame, *, interval_s: float, end_s: float, replicas: int,
+              gpus_per_replica: int, timeline: list[tuple[float, int, int]] | None = None,
+              replica_capacity_rps: float = float("nan"), slo: dict[str, float] | None = None) -> pd.DataFrame:
+    """One row per interval [k interval_s, (k + 1) interval_s) of [0, end_s) (docs/METRICS.md,
+    'Intervals'): request latencies of the requests arriving in it, ITL, throughput and busy time
+    of the engine steps starting in it (exact: fused runs never straddle an interval's end),
+    replicas running (billed: warming, live or draining) and live as time means, GPU-hours, the
+    load (offered rate over the live replicas' speculation-off capacity), the share of decode
+    work done speculating, and each SLO target checked on the interval's own percentiles."""
+    n = max(1, int(np.ceil(end_s / interval_s - 1e-9)))
+    edges = np.minimum(np.arange(n + 1) * interval_s, end_s)
+    edges[-1] = end_s
+    a, b = edges[:-1], edges[1:]
+    width = b - a
+    lat = request_latencies(req)
+    arr = req.arrival_s.to_numpy(np.float64)
+    which = np.searchsorted(edges, arr, "right") - 1
+    done = req.completion_s.notna().to_numpy()
+    s_start = steps.start_s.to_numpy(np.float64)
+    s_which = np.searchsorted(edges, s_start, "right") - 1
+    billed = replica_counts(timeline, replicas)
+    live = replica_counts(timeline, replicas, billed=(2,))
+    run_s = replica_seconds(billed, a, b)
+    live_s = replica_seconds(live, a, b)
+    gaps, gap_w = step_gaps(steps)
+    gap_which = np.repeat(s_which, _counts(steps))
+    rows = []
+    for i in range(n):
+        m = (which == i) & done
+        st = steps[s_which == i]
+        row: dict[str, Any] = {"start_s": float(a[i]), "end_s": float(b[i])}
+        row["offered_requests"] = int((which == i).sum())
+        row["offered_rps"] = row["offered_requests"] / width[i]
+        row["completed_requests"] = int(m.sum())
+        for name in ("ttft_s", "tpot_s", "e2e_s"):
+            d = dist(lat[name].to_numpy()[m])
+            for p in INTERVAL_PERCENTILES:
+                row[f"{name}_{p}"] = d[p]
+        g = gap_which == i
+        d = dist(gaps[g], gap_w[g])
+        for p in INTERVAL_PERCENTILES:
+            row[f"itl_s_{p}"] = d[p]
+        busy = float(st.duration_s.sum())
+        row["throughput_tok_s"] = float(st.emitted_tokens.sum()) / width[i]
+        row["throughput_rps"] = float(((req.completion_s >= a[i]) & (req.completion_s < b[i])).sum()) / width[i]
+        row["replicas_running"] = float(run_s[i]) / width[i]
+        row["replicas_live"] = float(live_s[i]) / width[i]
+        row["gpu_hours"] = float(run_s[i]) * gpus_per_replica / 3600.0
+        row["gpu_busy_fraction"] = busy / float(run_s[i]) if run_s[i] > 0 else float("nan")
+        row["load_utilisation"] = (row["offered_rps"] / (row["replicas_live"] * replica_capacity_rps)
+                                   if row["replicas_live"] > 0 and replica_capacity_rps > 0 else float("nan"))
+        dec = st.decode_tokens.to_numpy(np.float64)
+        row["speculating_share"] = float(dec[st.k.to_numpy() > 0].sum() / dec.sum()) if dec.sum() > 0 else 0.0
+        met = True
+        for key, target in (slo or {}).items():
+            metric, pct, _ = key.split("_")
+            value = row[f"{metric}_s_{pct}"] if pct in INTERVAL_PERCENTILES else float(
+                dist((gaps[g] if metric == "itl" else lat[f"{metric}_s"].to_numpy()[m]),
+                     gap_w[g] if metric == "itl" else None)[pct])
+            ok = bool(value <= target) or row["completed_requests"] == 0
+            row[f"slo_{key}_met"] = ok
+            met &= ok
+        row["slo_met"] = met
+        rows.append(row)
+    return pd.DataFrame(rows)

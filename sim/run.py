@@ -23,6 +23,7 @@ from simpy.events import URGENT
 from models.speculative import acceptance_at_quantile
 from sim.deployment import ReplicaRuntime, check_fits
 from sim.engine import STEP_COLUMNS, FuseBound, Replica, Requests, StepLog
+from sim.fleet import Autoscaler, Fleet, FleetBound, FollowLoad, change_times
 from sim.scenario import Scenario
 from sim.workload import streams
 
@@ -151,7 +152,8 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
               horizon_s: float | None = None, backlog_limit: int | None = None,
               progress: bool = False, concurrency: int | None = None,
               think_s: np.ndarray | None = None, gate_arrivals: bool = False,
-              send_until_s: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame, bool, float]:
+              send_until_s: float | None = None, replica_capacity_rps: float | None = None,
+              warmup_s: float = 0.0) -> tuple[pd.DataFrame, pd.DataFrame, bool, float]:
     """Run the engine over a request table. Returns (requests, steps, truncated, horizon).
 
     Open loop (default): requests arrive at the table's `arrival_s`. Closed loop (`concurrency`
@@ -159,7 +161,14 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     order, each after its previous one completed (plus `think_s[i]` before request i if given);
     with `gate_arrivals`, also no earlier than the table's `arrival_s` (a concurrency cap on an
     open-loop stream). With `send_until_s`, the clients send nothing from that time on (requests
-    of the table never sent keep a NaN arrival_s)."""
+    of the table never sent keep a NaN arrival_s).
+
+    Open loop only: with `[autoscale]` the live replica set changes over time (`sim.fleet`; a new
+    replica serves `warmup_s` after it is started), and with speculative.policy "follow_load"
+    speculation switches with the load; both need `replica_capacity_rps` (the speculation-off
+    capacity of one replica). The fleet's state changes are in `requests.attrs["fleet"]` (rows of
+    time, replica, state code), the autoscaler's decisions in `attrs["autoscale"]`, the
+    speculation switches in `attrs["follow_load"]`."""
     wl = sc.workload
     method = sc.speculative.acceptance_key if sc.speculative else "draft_model"
     means = np.array([c.acceptance_for(method) if sc.speculative else 0.0 for c in wl.classes])
@@ -192,17 +201,48 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     loop: ClosedLoop | None = None
     # fused steps never straddle the metric window's ends (warm-up, the last arrival or the
     # duration), so a run-length step row lies wholly inside or outside it (docs/METRICS.md)
-    cuts = (wl.warmup_s, wl.duration_s, table_arrival_max)
+    cuts: tuple[float, ...] = (wl.warmup_s, wl.duration_s, table_arrival_max)
+    fleet: Fleet | None = None
+    scaler: Autoscaler | None = None
+    follow: FollowLoad | None = None
     if concurrency is None:
         # the engine queues a request after the frontend's latency (HTTP, tokenisation); its
         # arrival (the client's send) stays, so TTFT and E2E include the frontend
         queued = arrival + frontend if frontend > 0 else arrival
         drain = sc.sim.drain_s if sc.sim.drain_s is not None else max(wl.duration_s, 600.0)
         horizon = horizon_s if horizon_s is not None else (float(arrival[-1]) if arrival.size else 0.0) + drain
-        fuse = (FuseBound(env, horizon, cuts, routing=(queued, replicas, limit, sc.deployment.router))
-                if sc.sim.fuse_steps else None)
-        env.process(_arrivals(env, queued, replicas, sc.deployment.router, stop, limit, fuse))
+        # per-interval metrics (the intervals table) are exact: fused runs never straddle an interval's end
+        cuts += tuple(np.arange(1, int(horizon / sc.sim.interval_s) + 1) * sc.sim.interval_s)
+        auto = sc.autoscale
+        dynamic = auto is not None or (sc.speculative is not None and sc.speculative.policy == "follow_load")
+        if dynamic:
+            cuts += tuple(change_times(sc, warmup_s, horizon))
+        routing = (queued, replicas, limit, sc.deployment.router)
+        fuse = None
+        if sc.sim.fuse_steps:
+            fuse = FleetBound(env, horizon, cuts, routing=routing) if auto is not None else FuseBound(
+                env, horizon, cuts, routing=routing)
+        routable: list[Replica] = [] if dynamic else replicas  # the replicas the router may send to
+        env.process(_arrivals(env, queued, routable, sc.deployment.router, stop, limit, fuse))
         replicas.extend(Replica(env, i, rt, reqs, rngs[i], log, fuse) for i in range(rt.num_replicas))
+        if dynamic:
+            start = rt.num_replicas
+            if auto is not None:
+                start = auto.initial_replicas or auto.min_replicas
+            fleet = Fleet(env, replicas, start, routable)
+            if isinstance(fuse, FleetBound):
+                fuse.fleet = fleet
+            cap = replica_capacity_rps if replica_capacity_rps is not None else 0.0
+            if auto is not None:
+                reqs.on_complete = fleet.on_complete
+                scaler = Autoscaler(env, fleet, auto, max_replicas=auto.max_replicas or rt.num_replicas, arrival=queued,
+                                    done_count=lambda: reqs.n_done, replica_capacity_rps=cap, warmup_s=warmup_s,
+                                    end_s=horizon)
+            spec = sc.speculative
+            if spec is not None and spec.policy == "follow_load":
+                follow = FollowLoad(env, fleet, off_above=spec.load_off_above, on_below=spec.load_on_below,
+                                    interval_s=spec.load_interval_s, arrival=queued, replica_capacity_rps=cap,
+                                    end_s=horizon)
     else:
         release = arrival.copy() if gate_arrivals else None
         arrival = reqs.arrival = np.full(arrival.size, np.nan)  # written as the clients send
@@ -236,6 +276,12 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         req_df["prefill_computed_tokens"] = reqs.prefill_computed
         req_df["prefill_tokens"] = reqs.prefill_tokens
     req_df.attrs["rejected"] = rejected
+    if fleet is not None:
+        req_df.attrs["fleet"] = fleet.timeline
+    if scaler is not None:
+        req_df.attrs["autoscale"] = scaler.decisions
+    if follow is not None:
+        req_df.attrs["follow_load"] = follow.switches
     steps = pd.DataFrame(log.table(), columns=list(STEP_COLUMNS))
     for c in ("replica", "batch_size", "decode_seqs", "k", "kv_blocks_used", "waiting", "count"):
         steps[c] = steps[c].astype(np.int64)

@@ -259,8 +259,14 @@ class Speculative(_Strict):
     num_speculative_tokens: Annotated[int, Field(ge=0, le=16)] = 4  # the depth of a tree
     placement: Literal["colocated", "dedicated"] = "colocated"
     draft_gpus: Annotated[int, Field(ge=1)] = 1  # GPUs per replica's draft when dedicated
-    policy: Literal["fixed", "disable_above_batch", "adaptive"] = "fixed"
+    policy: Literal["fixed", "disable_above_batch", "adaptive", "follow_load"] = "fixed"
     disable_batch_size: Annotated[int, Field(ge=1)] = 32
+    # follow_load: speculate while the load (offered rate over the last load_interval_s as a share
+    # of the live replicas' speculation-off capacity) is below load_off_above; once off, again
+    # only when it falls below load_on_below (hysteresis)
+    load_off_above: Annotated[float, Field(gt=0, le=5)] = 0.6
+    load_on_below: Annotated[float, Field(gt=0, le=5)] = 0.5
+    load_interval_s: Annotated[float, Field(gt=0)] = 60.0
     acceptance_decay: Annotated[float, Field(gt=0, le=1)] = 1.0
     # per-depth acceptance relative to depth 1 (f_1 = 1), one entry per drafted position (>= k; the
     # first k are used); replaces the decay
@@ -339,8 +345,11 @@ class Speculative(_Strict):
         if self.placement == "dedicated" and self.method in _COLOCATED_ONLY:
             raise ValueError(f"placement 'dedicated' is not possible for method '{self.method}' (its drafter reads "
                              "the target's hidden states or KV, or has no model); use placement = 'colocated'")
-        if self.policy == "fixed" and self.num_speculative_tokens < 1:
-            raise ValueError("num_speculative_tokens must be >= 1 with policy 'fixed' (use 'adaptive' to allow 0)")
+        if self.load_on_below > self.load_off_above:
+            raise ValueError(f"load_on_below ({self.load_on_below:g}) must not exceed load_off_above "
+                             f"({self.load_off_above:g}): speculation turns back on below the level it turned off at")
+        if self.policy in ("fixed", "follow_load") and self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1 with policy '{self.policy}' (use 'adaptive' to allow 0)")
         k = self.num_speculative_tokens
         if self.acceptance_profile is not None:
             if len(self.acceptance_profile) < k:
@@ -409,6 +418,42 @@ class Conversations(_Strict):
         return v
 
 
+class DiurnalProfile(_Strict):
+    """A day's swing of the Poisson rate: lambda(t) = trough + (peak - trough) (1 + cos(2 pi (t /
+    day_s - peak_hour / 24))) / 2, t = 0 being midnight; `day_s` compresses the day (a 2-hour
+    day for a quick look keeps the shape, 12x faster)."""
+
+    shape: Literal["diurnal"]
+    peak_rps: Annotated[float, Field(gt=0)]
+    trough_rps: Annotated[float, Field(ge=0)]
+    peak_hour: Annotated[float, Field(ge=0, lt=24)] = 14.0
+    day_s: Annotated[float, Field(gt=0)] = 86400.0
+
+    @model_validator(mode="after")
+    def _order(self) -> DiurnalProfile:
+        if self.trough_rps > self.peak_rps:
+            raise ValueError(f"trough_rps ({self.trough_rps:g}) must not exceed peak_rps ({self.peak_rps:g})")
+        return self
+
+
+class CsvProfile(_Strict):
+    """A rate per interval from a CSV file `start_s,rate_rps` (piecewise constant: each rate holds
+    from its start to the next row's, the last to the end of the run; the first start is 0)."""
+
+    shape: Literal["csv"]
+    file: str
+    scale: Annotated[float, Field(gt=0)] = 1.0  # multiplies every rate (traffic growth)
+
+    @model_validator(mode="after")
+    def _exists(self) -> CsvProfile:
+        if not Path(self.file).is_file():
+            raise ValueError(f"file not found: {self.file} (paths are relative to the scenario file)")
+        return self
+
+
+RateProfile = Annotated[DiurnalProfile | CsvProfile, Field(discriminator="shape")]
+
+
 class Workload(_Strict):
     """Arrivals: open loop (`poisson`, `gamma`, `trace`: requests arrive at their own times,
     `max_concurrency` optionally caps how many are in flight, as `vllm bench serve --request-rate R
@@ -440,6 +485,16 @@ class Workload(_Strict):
     max_concurrency: Annotated[int, Field(ge=1, le=MAX_CLIENTS)] | None = None
     # synthetic multi-turn conversations sharing prefixes (Conversations; needs rate_rps)
     conversations: Conversations | None = None
+    # a non-homogeneous Poisson stream: the rate follows a profile over time (arrival = "poisson")
+    rate_profile: RateProfile | None = None
+
+    @field_validator("rate_profile", mode="before")
+    @classmethod
+    def _profile_table(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, dict):
+            raise ValueError(f"must be a table such as {{ shape = \"diurnal\", peak_rps = 20, trough_rps = 4 }} or "
+                             f"{{ shape = \"csv\", file = \"rates.csv\" }}, got {v!r}")
+        return v
 
     @field_validator("think_time_s", mode="before")
     @classmethod
@@ -487,10 +542,23 @@ class Workload(_Strict):
         if self.think_time_s is not None:
             raise ValueError(f"think_time_s: needs arrival = 'closed' (got arrival '{self.arrival}')")
 
+    def _check_profile(self) -> None:
+        if self.rate_profile is None:
+            return
+        if self.arrival != "poisson":
+            raise ValueError(f"rate_profile: drives a Poisson stream; use arrival = 'poisson' (got '{self.arrival}')")
+        for key in ("utilisation", "rate_rps", "num_requests", "max_concurrency"):
+            if getattr(self, key) is not None:
+                raise ValueError(f"{key}: the rate comes from rate_profile (and the length from duration_s); "
+                                 f"remove {key}")
+        if isinstance(self.rate_profile, DiurnalProfile):
+            check_request_count(self.rate_profile.peak_rps, self.duration_s, "rate_profile.peak_rps")
+
     @model_validator(mode="after")
     def _consistent(self) -> Workload:
         self._check_loop()
         self._check_conversations()
+        self._check_profile()
         if self.arrival == "trace" and not self.trace:
             raise ValueError("arrival 'trace' needs trace = '<path to a trace file>'")
         if (self.trace_start_s is not None or self.trace_end_s is not None) and not self.replays_trace:
@@ -503,8 +571,9 @@ class Workload(_Strict):
         for name, d in (("prompt_tokens", self.prompt_tokens), ("output_tokens", self.output_tokens)):
             if isinstance(d, Empirical) and not Path(d.trace).is_file():
                 raise ValueError(f"{name}: trace file not found: {d.trace} (paths are relative to the scenario file)")
-        if self.arrival not in ("trace", "closed") and self.utilisation is None and self.rate_rps is None:
-            raise ValueError("set utilisation = <fraction of capacity> or rate_rps = <requests/s>")
+        if (self.arrival not in ("trace", "closed") and self.utilisation is None and self.rate_rps is None
+                and self.rate_profile is None):
+            raise ValueError("set utilisation = <fraction of capacity>, rate_rps = <requests/s> or rate_profile")
         if self.utilisation is not None and self.rate_rps is not None:
             raise ValueError("set only one of utilisation and rate_rps")
         if self.rate_rps is not None and self.num_requests is None and self.arrival != "trace":
@@ -600,6 +669,42 @@ class SimSettings(_Strict):
     backlog_limit: Annotated[int, Field(ge=1)] | None = None  # waiting requests per replica
     # advance runs of pure decode steps in one event (exact: docs/PERFORMANCE.md); false: one event per step
     fuse_steps: bool = True
+    # the length of each row of the intervals table (per-interval latencies, throughput, replicas)
+    interval_s: Annotated[float, Field(gt=0)] = 300.0
+
+
+class Autoscale(_Strict):
+    """A replica-count policy over time (docs/METRICS.md, 'Autoscaling'). Every `interval_s` the
+    policy sees the last interval: `target_utilisation` sizes the live replicas so that the
+    offered rate is `target` of their capacity (the speculation-off capacity per replica, the
+    reference of workload.utilisation); `queue` so that the requests in system per replica are at
+    most `target` (Knative's concurrency target: desired = ceil(in system / target)). A new
+    replica serves after `replica_warmup_s` (billed meanwhile); a replica removed drains: it gets
+    no new requests and leaves when empty. Scale-down takes the highest recommendation of the
+    last `scale_down_window_s` (Kubernetes HPA's downscale stabilisation, default 300 s)."""
+
+    policy: Literal["target_utilisation", "queue"]
+    target: Annotated[float, Field(gt=0)]
+    interval_s: Annotated[float, Field(gt=0)] = 60.0
+    # default: the replica's weights read at 5 GB/s (local NVMe) + 60 s of engine start-up
+    # (torch.compile, CUDA-graph capture), sim.deployment.default_warmup_s
+    replica_warmup_s: Annotated[float, Field(ge=0)] | None = None
+    min_replicas: Annotated[int, Field(ge=1)] = 1
+    max_replicas: Annotated[int, Field(ge=1)] | None = None  # default: the rack's replicas
+    initial_replicas: Annotated[int, Field(ge=1)] | None = None  # default: min_replicas
+    scale_down_window_s: Annotated[float, Field(ge=0)] = 300.0
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscale:
+        if self.policy == "target_utilisation" and self.target > 1:
+            raise ValueError(f"target={self.target:g}: with policy 'target_utilisation' it is a fraction of capacity "
+                             "in (0, 1], e.g. 0.7")
+        if self.max_replicas is not None and self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})")
+        init = self.initial_replicas
+        if init is not None and (init < self.min_replicas or (self.max_replicas is not None and init > self.max_replicas)):
+            raise ValueError(f"initial_replicas ({init}) must lie in [min_replicas, max_replicas]")
+        return self
 
 
 class Scenario(_Strict):
@@ -615,6 +720,7 @@ class Scenario(_Strict):
     workload: Workload = Workload(utilisation=0.5)
     slo: SLO = SLO(**DEFAULT_SLO)
     sim: SimSettings = SimSettings()
+    autoscale: Autoscale | None = None
 
     @field_validator("seed", mode="before")
     @classmethod
@@ -638,6 +744,8 @@ class Scenario(_Strict):
         wl, dep = self.workload, self.deployment
         files = [wl.trace if wl.replays_trace else None, dep.efficiency_file, dep.config_json,
                  self.speculative.draft_model_config if self.speculative else None]
+        if isinstance(wl.rate_profile, CsvProfile):
+            files.append(wl.rate_profile.file)
         files += [d.trace for d in (wl.prompt_tokens, wl.output_tokens) if isinstance(d, Empirical)]
         digests = {f: file_digest(f) for f in files if f}
         data: dict[str, Any] = self.model_dump(mode="json")
@@ -758,6 +866,9 @@ def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> 
         for key in ("trace",):
             if isinstance(wl.get(key), str) and not Path(wl[key]).is_absolute():
                 wl[key] = str((p.parent / wl[key]).resolve())
+        prof = wl.get("rate_profile")
+        if isinstance(prof, dict) and isinstance(prof.get("file"), str) and not Path(prof["file"]).is_absolute():
+            prof["file"] = str((p.parent / prof["file"]).resolve())
         for key in ("prompt_tokens", "output_tokens"):
             d = wl.get(key)
             if isinstance(d, dict) and isinstance(d.get("trace"), str) and not Path(d["trace"]).is_absolute():

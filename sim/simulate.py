@@ -4,6 +4,7 @@ The engine run itself (`run_table`, open or closed loop) is in `sim.run`; capaci
 
 from __future__ import annotations
 
+import itertools
 import json
 import platform
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ import simpy
 from models.catalog import peak_flops
 from sim.capacity import Capacity, baseline_of, capacity
 from sim.deployment import ReplicaRuntime, build_runtime
-from sim.metrics import bench_metrics, request_latencies, summarise
+from sim.fleet import default_warmup_s
+from sim.metrics import bench_metrics, intervals, replica_counts, replica_seconds, request_latencies, summarise
 from sim.run import run_table
 from sim.scenario import MAX_REQUESTS, Scenario
 from sim.workload import LengthSampler, generate, think_mean
@@ -33,14 +35,16 @@ LATENCY_COLUMNS = ("ttft_s", "tpot_s", "e2e_s")  # per-request latencies added t
 @dataclass
 class Result:
     """One run: the scenario and seed, the requests table (one row per request, with its latencies
-    `ttft_s`, `tpot_s`, `e2e_s`), the steps table (one row per engine step) and the summary
-    (docs/METRICS.md)."""
+    `ttft_s`, `tpot_s`, `e2e_s`), the steps table (one row per engine step), the summary and the
+    intervals table (one row per `[sim] interval_s`: latencies, throughput, replicas running, load;
+    docs/METRICS.md)."""
 
     scenario: Scenario
     seed: int
     requests: pd.DataFrame
     steps: pd.DataFrame
     summary: dict[str, Any]
+    intervals: pd.DataFrame | None = None  # one row per [sim] interval_s of the run (docs/METRICS.md)
 
     def table(self) -> pd.DataFrame:
         """The summary as a one-row DataFrame with the flat column names of a sweep's results
@@ -48,11 +52,14 @@ class Result:
         return pd.DataFrame([flatten(self.summary)])
 
     def write(self, out: str | Path) -> Path:
-        """Write requests.parquet, steps.parquet and summary.json into `out`."""
+        """Write requests.parquet, steps.parquet, summary.json and intervals.parquet/.csv into `out`."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         self.requests.to_parquet(out / "requests.parquet", index=False)
         self.steps.to_parquet(out / "steps.parquet", index=False)
+        if self.intervals is not None:
+            self.intervals.to_parquet(out / "intervals.parquet", index=False)
+            self.intervals.to_csv(out / "intervals.csv", index=False)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, default=_json_default))
         return out
 
@@ -119,7 +126,8 @@ def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False, w
         end_s = float(table.arrival_s.max()) if wl.num_requests else wl.duration_s
         if wl.max_concurrency is None:
             req, steps, truncated, t_end = run_table(sc, rt, table, seed, backlog_limit=sc.sim.backlog_limit,
-                                                     progress=progress)
+                                                     progress=progress, replica_capacity_rps=replica_capacity(sc, rt),
+                                                     warmup_s=replica_warmup_s(sc))
             loop = "open"
         else:  # vllm bench serve --request-rate R --max-concurrency N: a send waits for a free client
             req, steps, truncated, t_end = run_table(sc, rt, table, seed, concurrency=wl.max_concurrency,
@@ -134,6 +142,7 @@ def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False, w
                   slo=sc.slo.targets(), truncated=truncated, horizon_s=t_end,
                   loop=loop, concurrency=wl.concurrency or wl.max_concurrency, send_lag_s=lag)
     s["loop"] = loop
+    s.update(_fleet_summary(sc, rt, req, s, end_s))
     s["concurrency"] = wl.concurrency if wl.closed else wl.max_concurrency
     s["window_end_s"] = end_s
     # vllm bench serve's figures, computed as its script does: over the whole run, no warm-up
@@ -151,10 +160,89 @@ def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False, w
     s["scenario"] = sc.model_dump(mode="json")
     s["seed"] = seed
     s["versions"] = versions()
+    cap = replica_capacity(sc, rt)
+    iv = intervals(req, steps, interval_s=sc.sim.interval_s, end_s=end_s, replicas=rt.num_replicas,
+                   gpus_per_replica=rt.gpus_per_replica, timeline=req.attrs.get("fleet"),
+                   replica_capacity_rps=cap if cap is not None else float("nan"), slo=sc.slo.targets())
     lat = request_latencies(req)  # the latencies behind the summary's percentiles, per request
     for col in LATENCY_COLUMNS:
         req[col] = lat[col].to_numpy(np.float64)
-    return Result(sc, seed, req, steps, s)
+    return Result(sc, seed, req, steps, s, iv)
+
+
+def time_varying(sc: Scenario) -> bool:
+    """Whether the offered rate or the rack changes over the run (a rate profile, autoscaling)."""
+    return sc.workload.rate_profile is not None or sc.autoscale is not None
+
+
+def replica_capacity(sc: Scenario, rt: ReplicaRuntime) -> float | None:
+    """The speculation-off capacity of one replica (req/s), when the run needs it: a
+    target-utilisation autoscaler or a follow-load speculation policy (else None)."""
+    spec = sc.speculative
+    if not ((sc.autoscale is not None and sc.autoscale.policy == "target_utilisation")
+            or (spec is not None and spec.policy == "follow_load")):
+        return None
+    return capacity(sc).rps / rt.num_replicas
+
+
+def replica_warmup_s(sc: Scenario) -> float:
+    """A new replica's warm-up delay: autoscale.replica_warmup_s, or the weights' load time
+    (sim.fleet.default_warmup_s); 0 without autoscaling."""
+    auto = sc.autoscale
+    if auto is None:
+        return 0.0
+    if auto.replica_warmup_s is not None:
+        return auto.replica_warmup_s
+    from models.catalog import get_model, get_weight_format, weight_bytes
+
+    fmt = get_weight_format(sc.deployment.weights)
+    total = weight_bytes(get_model(sc.deployment.model), fmt)
+    spec = sc.speculative
+    if spec is not None and spec.draft_model:
+        total += weight_bytes(get_model(spec.draft_model), fmt)
+    return default_warmup_s(total)
+
+
+def _fleet_summary(sc: Scenario, rt: ReplicaRuntime, req: pd.DataFrame, s: dict[str, Any],
+                   end_s: float) -> dict[str, Any]:
+    """Replicas and GPU-hours over the day [0, end_s) (the replicas actually running: warming,
+    live or draining), and, for a time-varying run, its verdict: the trend tests of a stationary
+    run do not apply to a rate that moves on purpose, so it is judged by what is left unfinished
+    (and the backlog limit), and the intervals table checks the SLO interval by interval."""
+    timeline = req.attrs.get("fleet")
+    knots = replica_counts(timeline, rt.num_replicas)
+    rep_s = float(replica_seconds(knots, 0.0, end_s))
+    out: dict[str, Any] = {"autoscaled": sc.autoscale is not None}
+    out["replicas_mean"] = rep_s / end_s if end_s > 0 else float("nan")
+    if timeline:
+        t, f = knots
+        counts = np.diff(f) / np.diff(t)
+        out["replicas_peak"] = round(float(counts[t[:-1] < end_s].max()))
+    else:
+        out["replicas_peak"] = rt.num_replicas
+    out["gpus_peak"] = out["replicas_peak"] * rt.gpus_per_replica
+    out["gpu_hours"] = rep_s * rt.gpus_per_replica / 3600.0
+    out["gpu_hours_per_day"] = out["gpu_hours"] * 86400.0 / end_s if end_s > 0 else float("nan")
+    out["replica_warmup_s"] = replica_warmup_s(sc)
+    if timeline and sc.autoscale is not None:  # busy shares over the replicas actually running in the window
+        warm = sc.workload.warmup_s
+        run_s = float(replica_seconds(knots, warm, end_s))
+        if run_s > 0:
+            scale = (end_s - warm) * rt.num_replicas / run_s
+            for key in ("gpu_busy_fraction", "mfu", "hbm_bw_utilisation"):
+                out[key] = s[key] * scale
+    sw = req.attrs.get("follow_load")
+    if sw is not None:
+        out["follow_load_switches"] = int(sum(1 for a, b in itertools.pairwise(sw) if a[2] != b[2]))
+    if time_varying(sc) and s["loop"] == "open":
+        from sim.metrics import _unfinished
+
+        reasons = _unfinished(bool(s["truncated"]), int(s["backlog"]))
+        verdict = "overloaded" if reasons else ("insufficient" if s["judged_requests"] < 100 else "stable")
+        note = "time-varying rate or rack: judged by work left unfinished; see the intervals table per interval"
+        out.update(verdict=verdict, stable=verdict == "stable", verdict_reason="; ".join([*reasons, note]))
+        out["slo_met"] = bool(out["stable"] and all(c["met"] for c in s["slo"].values()))
+    return out
 
 
 def closed_pool(sc: Scenario, rt: ReplicaRuntime) -> int:
@@ -224,7 +312,10 @@ def _economics(sc: Scenario, rt: ReplicaRuntime, req: pd.DataFrame, s: dict[str,
         total += q * counts[i]
     out["quality_by_class"] = per_class
     out["quality_overall"] = total / max(1, counts.sum())
-    rack_usd_s = sc.rack.num_gpus * rt.usd_per_gpu_hour / 3600.0
+    gpus = sc.rack.num_gpus
+    if sc.autoscale is not None:  # the replicas actually running, on average over the run
+        gpus = s["replicas_mean"] * rt.gpus_per_replica
+    rack_usd_s = gpus * rt.usd_per_gpu_hour / 3600.0
     tok_s = s["throughput_tok_s"]
     retrain_month = rt.retraining.usd_per_month if rt.retraining else 0.0
     out["retraining_usd_per_month"] = retrain_month

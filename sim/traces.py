@@ -291,3 +291,51 @@ def hash_units(hash_ids: list[str], prompt_tokens: np.ndarray, kv_block: int,
         keys.append(np.asarray(ks, dtype=np.int64))
         blocks.append(np.asarray(bs, dtype=np.int64))
     return keys, blocks
+
+
+def load_rate_csv(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """A rate profile file: header `start_s,rate_rps`, one row per interval (the rate holds from
+    its start to the next row's start). Returns (starts, rates); the first start must be 0, starts
+    strictly increasing, rates finite and >= 0, not all 0. Errors name the line and the fix."""
+    p = Path(path)
+    name = str(path)
+    if not p.is_file():
+        raise ConfigError(f"rate profile file not found: {p.resolve()}; check the path")
+    st = p.stat()
+    starts, rates = _rate_csv(name, st.st_mtime_ns, st.st_size)
+    return starts.copy(), rates.copy()
+
+
+@functools.lru_cache(maxsize=8)
+def _rate_csv(name: str, mtime_ns: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    header = "start_s,rate_rps"
+    try:
+        raw = Path(name).read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{name}: not UTF-8 text; a rate profile is a CSV with header {header}") from None
+    rows = [(n, s.strip()) for n, s in enumerate(raw, start=1) if s.strip()]
+    if not rows or [c.strip() for c in rows[0][1].split(",")] != ["start_s", "rate_rps"]:
+        raise ConfigError(f"{name} line 1: expected the header {header}, one row per interval")
+    if len(rows) < 2:
+        raise ConfigError(f"{name}: no intervals after the header; add rows such as 0,12.5")
+    starts: list[float] = []
+    rates: list[float] = []
+    for n, line in rows[1:]:
+        parts = [c.strip() for c in line.split(",")]
+        if len(parts) != 2:
+            raise ConfigError(f"{name} line {n}: expected two values start_s,rate_rps, got '{_show(line)}'")
+        try:
+            t, r = float(parts[0]), float(parts[1])
+        except ValueError:
+            raise ConfigError(f"{name} line {n}: '{_show(line)}' is not two numbers start_s,rate_rps") from None
+        if not (math.isfinite(t) and math.isfinite(r)) or r < 0:
+            raise ConfigError(f"{name} line {n}: start_s and rate_rps must be finite and rate_rps >= 0, got '{_show(line)}'")
+        if starts and t <= starts[-1]:
+            raise ConfigError(f"{name} line {n}: start_s={t:g} must be after the previous row's {starts[-1]:g}")
+        if not starts and t != 0:
+            raise ConfigError(f"{name} line {n}: the first interval must start at start_s = 0, got {t:g}")
+        starts.append(t)
+        rates.append(r)
+    if max(rates) <= 0:
+        raise ConfigError(f"{name}: every rate_rps is 0; no request would arrive")
+    return np.array(starts, dtype=np.float64), np.array(rates, dtype=np.float64)

@@ -30,6 +30,8 @@ from models.memory import BLOCK_SIZE
 from sim.scenario import (
     MAX_REQUESTS,
     Conversations,
+    CsvProfile,
+    DiurnalProfile,
     Empirical,
     ExponentialThink,
     Fixed,
@@ -38,7 +40,7 @@ from sim.scenario import (
     Workload,
     check_request_count,
 )
-from sim.traces import empirical_lengths, hash_units, load_trace, scale_to_rate, trace_rate_rps
+from sim.traces import empirical_lengths, hash_units, load_rate_csv, load_trace, scale_to_rate, trace_rate_rps
 
 STREAMS = ("arrivals", "prompt", "output", "classes", "acceptance", "engine", "think")
 # multi-turn conversations draw growth and turn gaps from a stream of their own, child 100 of the
@@ -117,6 +119,64 @@ def gamma_arrivals(rng: np.random.Generator, rate: float, cv: float, duration_s:
     shape = 1.0 / (cv * cv)
     scale = 1.0 / (rate * shape)
     return _renewal(lambda size: rng.gamma(shape, scale, size), duration_s, n, rate)
+
+
+def _steps(profile: CsvProfile) -> tuple[np.ndarray, np.ndarray]:
+    starts, rates = load_rate_csv(profile.file)
+    return starts, rates * profile.scale
+
+
+def profile_rate(profile: DiurnalProfile | CsvProfile, t: np.ndarray | float) -> np.ndarray:
+    """The rate lambda(t) (requests/s) of a rate profile at times t (s from the start of the run)."""
+    t = np.asarray(t, dtype=np.float64)
+    if isinstance(profile, DiurnalProfile):
+        phase = 2.0 * np.pi * (t / profile.day_s - profile.peak_hour / 24.0)
+        return profile.trough_rps + (profile.peak_rps - profile.trough_rps) * 0.5 * (1.0 + np.cos(phase))
+    starts, rates = _steps(profile)
+    return rates[np.searchsorted(starts, t, side="right") - 1]
+
+
+def profile_integral(profile: DiurnalProfile | CsvProfile, a: np.ndarray | float, b: np.ndarray | float) -> np.ndarray:
+    """Lambda(b) - Lambda(a): the expected number of arrivals in [a, b), in closed form (the
+    cosine's antiderivative; the sum of whole and partial intervals of a step profile)."""
+    return _cumulative(profile, np.asarray(b, dtype=np.float64)) - _cumulative(profile, np.asarray(a, dtype=np.float64))
+
+
+def _cumulative(profile: DiurnalProfile | CsvProfile, t: np.ndarray) -> np.ndarray:
+    if isinstance(profile, DiurnalProfile):
+        amp = profile.peak_rps - profile.trough_rps
+        w = 2.0 * np.pi / profile.day_s
+        phi = 2.0 * np.pi * profile.peak_hour / 24.0
+        return profile.trough_rps * t + 0.5 * amp * (t + (np.sin(w * t - phi) + np.sin(phi)) / w)
+    starts, rates = _steps(profile)
+    ends = np.append(starts[1:], np.inf)
+    widths = np.clip(t[..., None] - starts, 0.0, ends - starts)
+    return (widths * rates).sum(axis=-1)
+
+
+def profile_peak_rps(profile: DiurnalProfile | CsvProfile, duration_s: float) -> float:
+    """The highest rate the profile reaches over [0, duration_s)."""
+    if isinstance(profile, DiurnalProfile):
+        return profile.peak_rps if duration_s >= profile.day_s else float(
+            profile_rate(profile, np.linspace(0.0, duration_s, 4097)).max())
+    starts, rates = _steps(profile)
+    return float(rates[starts < duration_s].max())
+
+
+def profile_arrivals(rng: np.random.Generator, profile: DiurnalProfile | CsvProfile, duration_s: float) -> np.ndarray:
+    """Arrival times of a non-homogeneous Poisson process of rate lambda(t) over [0, duration) by
+    thinning (Lewis and Shedler 1979, exact): a homogeneous stream at lambda_max, each candidate
+    kept with probability lambda(t) / lambda_max."""
+    top = profile_peak_rps(profile, duration_s)
+    if top <= 0:
+        raise ConfigError("workload.rate_profile: the rate is 0 over the whole run; no request arrives")
+    try:
+        check_request_count(top, duration_s, "workload.rate_profile (its peak rate)")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    cand = poisson_arrivals(rng, top, duration_s, None)
+    keep = rng.random(cand.size) * top < profile_rate(profile, cand)
+    return cand[keep]
 
 
 def think_times(think: FixedThink | ExponentialThink, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -230,6 +290,8 @@ def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | Non
         if wl.closed:
             assert n is not None
             arrival = np.full(n, np.nan)  # sent by the clients during the run
+        elif wl.rate_profile is not None:
+            arrival = profile_arrivals(rs["arrivals"], wl.rate_profile, wl.duration_s)
         elif rate_rps is None or not np.isfinite(rate_rps) or rate_rps <= 0:
             raise ConfigError(f"workload: offered rate must be a positive number of requests/s, got {rate_rps}")
         else:

@@ -14,7 +14,8 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.i
 
 def test_notebooks_exist() -> None:
     names = {p.name for p in NOTEBOOKS}
-    assert {"01_quickstart.ipynb", "02_utilisation.ipynb", "03_capacity_planning.ipynb", "04_calibration.ipynb"} <= names
+    assert {"01_quickstart.ipynb", "02_utilisation.ipynb", "03_capacity_planning.ipynb", "04_calibration.ipynb",
+            "05_day.ipynb"} <= names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
