@@ -58,6 +58,13 @@ class StepLog:
         self.data[self.n] = row
         self.n += 1
 
+    def block(self, rows: int) -> np.ndarray:
+        """`rows` new rows at once, to be filled in place (a fused run of speculative steps)."""
+        while self.n + rows > self.data.shape[0]:
+            self.data = np.concatenate([self.data, np.zeros_like(self.data)])
+        self.n += rows
+        return self.data[self.n - rows: self.n]
+
     def table(self) -> np.ndarray:
         return self.data[: self.n]
 
@@ -165,8 +172,9 @@ class Replica:
     def __init__(self, env: simpy.Environment, idx: int, rt: ReplicaRuntime, reqs: Requests,
                  rng: np.random.Generator, log: StepLog, fuse: FuseBound | None = None) -> None:
         self.env, self.idx, self.rt, self.reqs, self.rng, self.log = env, idx, rt, reqs, rng, log
-        # step fusion (off when None, and always for speculation or a cost model without arrays)
-        self.fuse = fuse if (rt.spec is None and isinstance(rt.cost, CostModel)) else None
+        # step fusion (off when None, and always for a cost model without arrays)
+        spec_ok = rt.spec is None or rt.spec.draft_cost is None or isinstance(rt.spec.draft_cost, CostModel)
+        self.fuse = fuse if (spec_ok and isinstance(rt.cost, CostModel)) else None
         s = rt.max_num_seqs
         self.rid = np.full(s, -1, dtype=np.int64)
         self.computed = np.zeros(s, dtype=np.int64)  # tokens whose KV is computed
@@ -260,21 +268,31 @@ class Replica:
             return 0
         n = self.n_running
         est = (self.n_acc[:n][dec] + 0.7 * 4.0) / (self.n_prop[:n][dec] + 4.0)
-        exp_tokens = expected_tokens_table(est, spec.k, spec.decay).sum(axis=0)
-        n_dec = int(dec.sum())
         ctx = float(self.computed[:n][dec].sum())
+        return int(self._adaptive_k(est[None, :], np.array([ctx]), int(dec.sum()))[0])
+
+    def _adaptive_k(self, est: np.ndarray, ctx: np.ndarray, n_dec: int) -> np.ndarray:
+        """The adaptive policy's k for each of m steps (rows): the decoding sequences' acceptance
+        estimates `est` (m, n_dec) and their context sums `ctx` (m,). One row is one step's
+        choice (`_choose_k`); a fused run evaluates every step of the run in one call."""
+        spec = self.rt.spec
+        assert spec is not None
+        m = est.shape[0]
+        exp_tokens = expected_tokens_table(est.ravel(), spec.k, spec.decay).reshape(m, -1, spec.k + 1).sum(axis=1)
+        c = ctx[:, None]
         # every k = 0..k_max priced in one vectorised call per model (the same formulas as a step)
         k = np.arange(spec.k + 1, dtype=np.float64)
         q = k + 1.0
-        target = self.rt.cost.total_s_many(n_dec, n_dec * q, np.full_like(k, ctx), ctx * q + n_dec * q * (q + 1) / 2.0)
-        total = target + target[0] * self._overhead_frac(n_dec)  # machinery: a fraction of the plain decode pass
+        target = self.rt.cost.total_s_many(n_dec, n_dec * q, c + 0.0 * k, c * q + n_dec * q * (q + 1) / 2.0)
+        total = target + target[:, :1] * self._overhead_frac(n_dec)  # machinery: a fraction of the plain decode pass
         if spec.draft_cost is not None:
-            mean_ctx = ctx + n_dec * (k - 1) / 2.0
+            mean_ctx = c + n_dec * (k - 1) / 2.0
             one = spec.draft_cost.total_s_many(n_dec, np.full_like(k, n_dec), mean_ctx, mean_ctx + n_dec,
                                                step_overhead=False)
             total = total + k * one
         rate = exp_tokens / total
-        return int(np.argmax(rate >= rate.max() * (1.0 - 1e-9)))  # the smallest k within rounding of the best
+        # the smallest k within rounding of the best
+        return np.argmax(rate >= rate.max(axis=1, keepdims=True) * (1.0 - 1e-9), axis=1)
 
     def _overhead_frac(self, n_dec: int) -> float:
         """Speculation machinery overhead as a fraction of the plain decode pass of the decoding
@@ -383,11 +401,17 @@ class Replica:
                 yield self.wakeup
                 self.idle = False
             if self.fuse is not None and stalled_s == 0.0:
-                run = self._plan_run()
-                if run is not None:
-                    yield from self._fused_run(*run)
-                    decode_left = (decode_left - run[0]) % rt.scheduler_steps
-                    continue
+                if spec is None:
+                    run = self._plan_run()
+                    if run is not None:
+                        yield from self._fused_run(*run)
+                        decode_left = (decode_left - run[0]) % rt.scheduler_steps
+                        continue
+                else:
+                    done_steps = yield from self._spec_run()
+                    if done_steps:
+                        decode_left = (decode_left - done_steps) % rt.scheduler_steps
+                        continue
             n = self.n_running
             dec = self.computed[:n] >= self.target[:n]
             chunk_idx: list[int] = []
@@ -609,6 +633,153 @@ class Replica:
         flops, nbytes = cost.run_sums(float(n), ctx_sum, ctx_sum + steps * n, steps)
         self.log.append((self.idx, start, total, n, n, 0.0, n * steps, n * steps, 0, used_blocks, waiting,
                          flops * cost.tp, nbytes * cost.tp, total, 0.0, 0.0, d0, steps, slope if steps > 1 else 0.0))
+
+    def _spec_run(self) -> Generator[simpy.Event, Any, int]:
+        """A run of speculative decode steps in one timeout; returns how many steps it advanced
+        (0: none, the loop takes an ordinary step, and nothing, the RNG included, has changed).
+
+        The conditions at the run's first step are those of `_plan_run` (every running sequence
+        decodes, no admission possible, steps start before `FuseBound.next_s` and the run ends
+        before the end bound), plus KV blocks held = ceil(computed / B) for every sequence (what
+        every step leaves behind). The run draws the acceptance outcomes of its candidate steps
+        in one call (`sample_accepted(..., steps=m)`: the uniforms the unfused loop would draw,
+        in its order) and, vectorised over the steps, the tokens each step emits, the contexts,
+        every step's cost (`CostModel.step_sums_many`, bit-identical to the ordinary step's), the
+        KV reservation (k + 1 tokens, capped by what is left, then released to what was kept)
+        and, for the adaptive policy, each step's choice of k. It stops after the first step where
+        a sequence finishes, before the first step whose reservation would not fit (it would
+        preempt) or whose k differs, and at the time bounds; the uniforms drawn for steps beyond
+        it are given back (the generator is rewound to just after the run's draws). So a fused
+        run is the unfused loop's steps, to the last bit of every number but the clock (one
+        timeout of the steps' summed durations)."""
+        rt, env = self.rt, self.env
+        spec = rt.spec
+        fb = self.fuse
+        assert spec is not None and fb is not None
+        n = self.n_running
+        if n == 0 or (self.waiting and n < rt.max_num_seqs and self.free_blocks > 0):
+            return 0
+        c = self.computed[:n]
+        if (c < self.target[:n]).any():
+            return 0
+        rem = self.out[:n] - self.gen[:n]
+        held = (c + (BLOCK_SIZE - 1)) // BLOCK_SIZE
+        if int(rem.min()) < 2 or (self.blocks[:n] != held).any():
+            return 0
+        dec = np.ones(n, dtype=bool)
+        k = self._choose_k(dec)
+        q = k + 1
+        now = env.now
+        bound, end_bound = fb.next_s(now, self.idx)
+        ctx0 = float(c.sum())
+        d0 = self.rt.cost.decode_s(n, ctx0)  # every step lasts longer (more tokens, a longer context)
+        m = min(int(rem.min()), FUSE_MAX_STEPS, int((min(bound, end_bound) - now) / d0) + 2)
+        if m < 2:
+            return 0
+        # 1. the candidate steps' outcomes: accepted drafts, tokens emitted (capped at what is left)
+        bg = self.rng.bit_generator
+        state = bg.state
+        if k:
+            acc = sample_accepted(self.rng, self.acc[:n], k, spec.decay, steps=m)
+            emit = acc + 1
+        else:
+            emit = np.ones((m, n), dtype=np.int64)
+        before = np.cumsum(emit, axis=0) - emit  # tokens emitted before each step
+        emit = np.minimum(emit, rem - before)
+        fin = (emit >= rem - before).any(axis=1)  # a sequence finishes at this step
+        steps = int(np.argmax(fin)) + 1 if fin.any() else m
+        # 2. the KV reservation of each step fits (held blocks are ceil(c / B) at every step)
+        cj = c + before[:steps]  # context of each sequence at each step
+        grow = 1 if q == 1 else np.minimum(q, rem - before[:steps])
+        fits = ((cj + (grow + BLOCK_SIZE - 1)) // BLOCK_SIZE).sum(axis=1) <= self.free_blocks + int(held.sum())
+        if not fits.all():
+            steps = int(np.argmin(fits))
+        ctx = ctx0 + (before[:steps].sum(axis=1)).astype(np.float64)
+        # 3. the adaptive policy keeps k at every step of the run
+        if spec.policy == "adaptive" and steps > 1:
+            est = (self.n_acc[:n] + (np.cumsum(acc[:steps], axis=0) - acc[:steps] if k else 0) + 0.7 * 4.0) / (
+                self.n_prop[:n] + k * np.arange(steps)[:, None] + 4.0)
+            same = self._adaptive_k(est[1:], ctx[1:], n) == k
+            if not same.all():
+                steps = 1 + int(np.argmin(same))
+        # 4. each step's cost, its start (the unfused clock: sequential sums) and the time bounds
+        total, target, draft, over, flops, nbytes = self._spec_cost_many(n, ctx[:steps], k)
+        starts = np.cumsum(np.concatenate(([now], total)))
+        steps = min(steps, int(np.searchsorted(starts[:steps], bound, "left")),
+                    int(np.searchsorted(starts[1:], end_bound, "left")))
+        if steps < 1:
+            bg.state = state
+            return 0
+        if k and steps < m:  # give back the uniforms drawn for steps beyond the run
+            bg.state = state
+            if isinstance(bg, np.random.PCG64) and not state["has_uint32"]:
+                bg.advance(steps * n * k)  # one 64-bit output per uniform double
+            else:
+                self.rng.random(steps * n * k)
+        if k:
+            acc = acc[:steps]
+        emit = emit[:steps]
+        start = env.now
+        waiting = len(self.waiting)
+        free0, held0 = self.free_blocks, int(held.sum())
+        # blocks held after each step but the last (the last's are known after the run)
+        held_after = ((c + (BLOCK_SIZE - 1) + before[1:steps]) // BLOCK_SIZE).sum(axis=1)
+        yield env.timeout(float(starts[steps]) - start)
+        # 5. state after the run (what the unfused steps leave behind)
+        got = emit.sum(axis=0)
+        if k:
+            self.n_prop[:n] += k * steps
+            self.n_acc[:n] += acc.sum(axis=0)
+            self.n_verify[:n] += steps
+            self.n_vemit[:n] += got
+        self.gen[:n] += got
+        self.computed[:n] += got
+        new_held = (self.computed[:n] + (BLOCK_SIZE - 1)) // BLOCK_SIZE
+        self.free_blocks -= int((new_held - self.blocks[:n]).sum())
+        self.blocks[:n] = new_held
+        self._leave(env.now)
+        # 6. one row per step, in one append
+        rows = self.log.block(steps)
+        rows[:] = (self.idx, 0.0, 0.0, n, n, 0.0, n * q, 0.0, k, 0.0, waiting, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1, 0.0)
+        rows[:, 1] = starts[:steps]
+        rows[:, 2] = total[:steps]
+        rows[:, 16] = rows[:, 2]
+        rows[:, 7] = emit.sum(axis=1)
+        rows[:-1, 9] = held_after + (rt.plan.num_blocks - free0 - held0)
+        rows[-1, 9] = rt.plan.num_blocks - self.free_blocks
+        rows[-1, 10] = len(self.waiting)
+        rows[:, 11] = flops[:steps]
+        rows[:, 12] = nbytes[:steps]
+        rows[:, 13] = target[:steps]
+        rows[:, 14] = draft if isinstance(draft, float) else draft[:steps]
+        rows[:, 15] = over[:steps]
+        return steps
+    def _spec_cost_many(self, n_dec: int, ctx: np.ndarray, k: int) -> tuple[Any, ...]:
+        """`_spec_cost` of decode-only steps (every sequence decoding, no prefill) at each context
+        sum in `ctx`, vectorised, with the same operations in the same order (bit-identical)."""
+        rt = self.rt
+        spec = rt.spec
+        assert spec is not None and isinstance(rt.cost, CostModel)
+        q = k + 1
+        # (x + 0.0 is x for x >= 0: the ordinary step's additions of its empty prefill are left out)
+        pairs = ctx * q + n_dec * q * (q + 1) / 2.0
+        total, flops, nbytes = rt.cost.step_sums_many(n_dec, n_dec * q + 0.0, ctx, pairs)
+        flops *= rt.cost.tp
+        nbytes *= rt.cost.tp
+        dc = spec.draft_cost
+        if dc is not None and k > 0:
+            mean_ctx = ctx + n_dec * (k - 1) / 2.0
+            d_total, d_flops, d_bytes = dc.step_sums_many(n_dec, n_dec, mean_ctx, mean_ctx + n_dec,
+                                                          step_overhead=False)
+            draft: np.ndarray | float = k * d_total
+            flops += k * d_flops * dc.tp
+            nbytes += k * d_bytes * dc.tp
+            step = total + draft
+        else:
+            draft, step = 0.0, total
+        plain = total if k == 0 else rt.cost.step_sums_many(n_dec, n_dec, ctx, ctx + n_dec, totals=True)[0]
+        over = plain * self._overhead_frac(n_dec)
+        return step + over, total, draft, over, flops, nbytes
 
     def _fit_chunk(self, i: int, budget: int, alone: bool = False) -> int:
         """Largest prefill chunk for entry i within the token budget and the free KV blocks;
