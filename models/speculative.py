@@ -58,8 +58,8 @@ def sample_accepted(rng: np.random.Generator, a: np.ndarray, k: int, decay: floa
         return np.zeros(shape, dtype=np.int64)
     p = a[:, None] * (decay ** np.arange(k))[None, :]
     passed = rng.random((*shape, k)) < p
-    # index of the first failure (k when all pass)
-    return np.where(passed.all(axis=-1), k, np.argmin(passed, axis=-1)).astype(np.int64)
+    # the number of leading positions that pass (the index of the first failure, k when all pass)
+    return np.logical_and.accumulate(passed, axis=-1).sum(axis=-1, dtype=np.int64)
 
 
 def improvement_factor(a: float, k: int, c: float) -> float:

@@ -43,6 +43,9 @@ STEP_COLUMNS = (
     "count", "gap_step_s",
 )
 FUSE_MAX_STEPS = 4096  # longest fused run planned at once (a longer one is planned again at its end)
+# most acceptance uniforms a fused speculative run draws at once (steps x sequences x k; its memory
+# and the draws wasted when it stops early stay bounded; a longer run continues in the next one)
+FUSE_MAX_DRAWS = 1 << 16
 
 
 class StepLog:
@@ -673,7 +676,8 @@ class Replica:
         bound, end_bound = fb.next_s(now, self.idx)
         ctx0 = float(c.sum())
         d0 = self.rt.cost.decode_s(n, ctx0)  # every step lasts longer (more tokens, a longer context)
-        m = min(int(rem.min()), FUSE_MAX_STEPS, int((min(bound, end_bound) - now) / d0) + 2)
+        m = min(int(rem.min()), FUSE_MAX_STEPS, int((min(bound, end_bound) - now) / d0) + 2,
+                max(2, FUSE_MAX_DRAWS // (n * max(k, 1))))
         if m < 2:
             return 0
         # 1. the candidate steps' outcomes: accepted drafts, tokens emitted (capped at what is left)
@@ -684,17 +688,21 @@ class Replica:
             emit = acc + 1
         else:
             emit = np.ones((m, n), dtype=np.int64)
-        before = np.cumsum(emit, axis=0) - emit  # tokens emitted before each step
-        emit = np.minimum(emit, rem - before)
-        fin = (emit >= rem - before).any(axis=1)  # a sequence finishes at this step
-        steps = int(np.argmax(fin)) + 1 if fin.any() else m
-        # 2. the KV reservation of each step fits (held blocks are ceil(c / B) at every step)
-        cj = c + before[:steps]  # context of each sequence at each step
-        grow = 1 if q == 1 else np.minimum(q, rem - before[:steps])
-        fits = ((cj + (grow + BLOCK_SIZE - 1)) // BLOCK_SIZE).sum(axis=1) <= self.free_blocks + int(held.sum())
-        if not fits.all():
-            steps = int(np.argmin(fits))
-        ctx = ctx0 + (before[:steps].sum(axis=1)).astype(np.float64)
+        cum = np.cumsum(emit, axis=0)
+        fin = np.any(cum >= rem, axis=1)  # a sequence finishes at this step
+        steps = int(np.argmax(fin)) + 1 if bool(fin[-1]) else m  # (once finished, always: cum only grows)
+        cum, emit = cum[:steps], emit[:steps]
+        before = cum - emit  # tokens emitted before each step
+        emit = np.minimum(emit, rem - before)  # the finishing step emits what is left
+        # 2. the KV reservation of each step fits (held blocks are ceil(c / B) at every step); it
+        # surely does when every sequence could take steps x (k + 1) more tokens
+        if self.free_blocks < n * ((steps * q) // BLOCK_SIZE + 1):
+            grow = 1 if q == 1 else np.minimum(q, rem - before)
+            fits = ((c + before + (grow + BLOCK_SIZE - 1)) // BLOCK_SIZE).sum(axis=1) <= self.free_blocks + int(held.sum())
+            if not fits.all():
+                steps = int(np.argmin(fits))
+        per_step = emit.sum(axis=1)
+        ctx = (np.cumsum(per_step) - per_step + ctx0)[:steps]
         # 3. the adaptive policy keeps k at every step of the run
         if spec.policy == "adaptive" and steps > 1:
             est = (self.n_acc[:n] + (np.cumsum(acc[:steps], axis=0) - acc[:steps] if k else 0) + 0.7 * 4.0) / (
@@ -723,7 +731,7 @@ class Replica:
         waiting = len(self.waiting)
         free0, held0 = self.free_blocks, int(held.sum())
         # blocks held after each step but the last (the last's are known after the run)
-        held_after = ((c + (BLOCK_SIZE - 1) + before[1:steps]) // BLOCK_SIZE).sum(axis=1)
+        held_after = ((c + (BLOCK_SIZE - 1) + cum[:steps - 1]) // BLOCK_SIZE).sum(axis=1)
         yield env.timeout(float(starts[steps]) - start)
         # 5. state after the run (what the unfused steps leave behind)
         got = emit.sum(axis=0)
@@ -744,7 +752,7 @@ class Replica:
         rows[:, 1] = starts[:steps]
         rows[:, 2] = total[:steps]
         rows[:, 16] = rows[:, 2]
-        rows[:, 7] = emit.sum(axis=1)
+        rows[:, 7] = per_step[:steps]
         rows[:-1, 9] = held_after + (rt.plan.num_blocks - free0 - held0)
         rows[-1, 9] = rt.plan.num_blocks - self.free_blocks
         rows[-1, 10] = len(self.waiting)

@@ -262,6 +262,20 @@ def test_speculative_fused_equals_unfused_under_kv_pressure(make_scenario, spec_
     _same_kv(off.steps, on.steps)
 
 
+def test_speculative_runs_capped_by_draws_continue_exactly(make_scenario, monkeypatch, spec_run_counter) -> None:
+    """A run capped by FUSE_MAX_DRAWS (few steps a run at a large batch) ends where the next one
+    starts: still the unfused engine's tables."""
+    from sim import engine
+
+    monkeypatch.setattr(engine, "FUSE_MAX_DRAWS", 64)
+    sc = make_scenario(speculative=_DRAFT, workload={"rate_rps": 6.0, "duration_s": 20.0})
+    on, off = _both(sc)
+    assert spec_run_counter["steps"] >= 2 * spec_run_counter["runs"] > 0
+    _same_requests(off.requests, on.requests)
+    _same_steps(off.steps, on.steps)
+    _same_kv(off.steps, on.steps)
+
+
 def test_step_sums_many_is_bit_identical() -> None:
     """The vectorised step cost a fused speculative run uses is `step_sums`, bit for bit."""
     rng = np.random.default_rng(2)
@@ -318,7 +332,9 @@ def test_speculative_fusion_agrees_statistically(make_scenario, spec: dict[str, 
     from models.speculative import expected_tokens
     from sim.metrics import request_latencies
 
-    sc = make_scenario(speculative=spec, workload={"rate_rps": 2.0, "duration_s": 25.0, "warmup_s": 2.0})
+    # small runs, many seeds (the adaptive policy's unfused steps are the slowest: shorter runs)
+    duration = 20.0 if spec.get("policy", "fixed") == "fixed" else 12.0
+    sc = make_scenario(speculative=spec, workload={"rate_rps": 2.0, "duration_s": duration, "warmup_s": 2.0})
     keys = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
     per: dict[bool, dict[str, list[float]]] = {}
     pooled: dict[bool, dict[str, list[np.ndarray]]] = {}
@@ -391,3 +407,40 @@ def test_run_length_metrics_match_their_expansion() -> None:
         j = np.concatenate([np.arange(c) for c in cnt])
         np.testing.assert_allclose(gaps, np.repeat(d0, cnt) + j * np.repeat(slope, cnt), rtol=1e-14)
         assert dist(gaps, w)["p90"] == dist(np.repeat(d0, cnt) + j * np.repeat(slope, cnt), np.repeat(g.decode_seqs, cnt))["p90"]
+
+
+def test_itl_percentiles_from_run_length_rows_without_expanding() -> None:
+    """`gap_dist` / `gap_moments` (what the summary and the benchmark figures use) pick exactly the
+    percentiles the expanded gaps give, with ties, flat runs, one-step rows and clustered values;
+    mean and standard deviation to rounding."""
+    from sim.metrics import _stats, dist, gap_dist, gap_moments, step_gaps
+
+    rng = np.random.default_rng(4)
+    for _ in range(120):
+        k = int(rng.integers(1, 60))
+        cnt = rng.integers(1, 40, k) * (rng.random(k) < 0.6) + 1
+        d0 = rng.choice(rng.uniform(0.01, 0.05, 4), k) + (rng.random(k) < 0.5) * rng.uniform(0, 1e-4, k)
+        slope = rng.choice([0.0, 1e-9, 1e-7, 3e-6], k) * (cnt > 1)
+        g = pd.DataFrame({"chunk_gap_s": d0, "gap_step_s": slope, "count": cnt, "decode_seqs": rng.integers(1, 50, k)})
+        ref, got = dist(*step_gaps(g)), gap_dist(g)
+        assert got["mean"] == pytest.approx(ref["mean"], rel=1e-12)
+        assert {p: v for p, v in got.items() if p != "mean"} == {p: v for p, v in ref.items() if p != "mean"}
+        st = _stats("itl", *step_gaps(g))
+        mean, std, (p50, p90, p99) = gap_moments(g, (0.5, 0.9, 0.99))
+        assert mean * 1e3 == pytest.approx(st["mean_itl_ms"], rel=1e-12)
+        assert (st["median_itl_ms"], st["p90_itl_ms"], st["p99_itl_ms"]) == (p50 * 1e3, p90 * 1e3, p99 * 1e3)
+        assert std * 1e3 == pytest.approx(st["std_itl_ms"], rel=1e-9, abs=1e-12)
+
+
+def test_bench_fusion_quick_reports_both_engines() -> None:
+    """`specrack bench --fusion ab --quick` (tiny here): both engines timed on each workload, with
+    the ratios, steps/s and peak memory, on the same steps and results."""
+    from experiments.bench import fusion_bench
+
+    out = fusion_bench("ab", quick=True, quick_requests=120)
+    for name in "ab":
+        p = out[name]
+        assert p["measured_requests"] == 120 and p["speedup"] > 0 and p["speedup_cpu"] > 0
+        assert p["fused"]["steps"] == p["unfused"]["steps"] and p["e2e_mean_rel_diff"] < 1e-9
+        assert p["fused"]["steps_per_s"] > 0 and p["fused"]["peak_rss_mib"] > 0
+    assert out["a"]["steps_per_row"] > 1 and out["b"]["steps_per_row"] == 1  # speculative runs keep a row per step
