@@ -49,27 +49,41 @@ FUSE_MAX_DRAWS = 1 << 16
 
 
 class StepLog:
-    """Growable column store for the step table (amortised O(1) appends)."""
+    """Column store for the step table, in blocks (amortised O(1) appends; no block is ever
+    copied until `table`, so the peak is the rows plus one copy of them, not three)."""
+
+    BLOCK_ROWS = 1 << 16
 
     def __init__(self, capacity: int = 4096) -> None:
-        self.n = 0
-        self.data = np.zeros((capacity, len(STEP_COLUMNS)))
+        self.n = 0  # rows logged
+        self._done: list[np.ndarray] = []  # full (or closed) blocks, trimmed
+        self._cur = np.zeros((capacity, len(STEP_COLUMNS)))
+        self._i = 0  # rows in the current block
+
+    def _next_block(self, rows: int) -> None:
+        self._done.append(self._cur[: self._i])
+        self._cur = np.zeros((max(self.BLOCK_ROWS, rows), len(STEP_COLUMNS)))
+        self._i = 0
 
     def append(self, row: tuple[float, ...]) -> None:
-        if self.n == self.data.shape[0]:
-            self.data = np.concatenate([self.data, np.zeros_like(self.data)])
-        self.data[self.n] = row
+        if self._i == self._cur.shape[0]:
+            self._next_block(1)
+        self._cur[self._i] = row
+        self._i += 1
         self.n += 1
 
     def block(self, rows: int) -> np.ndarray:
         """`rows` new rows at once, to be filled in place (a fused run of speculative steps)."""
-        while self.n + rows > self.data.shape[0]:
-            self.data = np.concatenate([self.data, np.zeros_like(self.data)])
+        if self._i + rows > self._cur.shape[0]:
+            self._next_block(rows)
+        self._i += rows
         self.n += rows
-        return self.data[self.n - rows: self.n]
+        return self._cur[self._i - rows: self._i]
 
     def table(self) -> np.ndarray:
-        return self.data[: self.n]
+        if not self._done:
+            return self._cur[: self._i]
+        return np.concatenate([*self._done, self._cur[: self._i]])
 
 
 class FuseBound:
