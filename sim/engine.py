@@ -689,8 +689,14 @@ class Replica:
         now = env.now
         bound, end_bound = fb.next_s(now, self.idx)
         ctx0 = float(c.sum())
-        d0 = self.rt.cost.decode_s(n, ctx0)  # every step lasts longer (more tokens, a longer context)
-        m = min(int(rem.min()), FUSE_MAX_STEPS, int((min(bound, end_bound) - now) / d0) + 2,
+        # step 0's duration, as the ordinary step prices it; later steps last longer (a longer
+        # context). A run of one step would be the ordinary step at a higher cost: none when the
+        # second step could not start before the bounds
+        d0 = self._spec_cost(n, ctx0, k, 0, 0.0, 0.0, 0.0)[0]
+        limit = min(bound, end_bound)
+        if now + d0 >= limit:
+            return 0
+        m = min(int(rem.min()), FUSE_MAX_STEPS, int((limit - now) / d0) + 2,
                 max(2, FUSE_MAX_DRAWS // (n * max(k, 1))))
         if m < 2:
             return 0
