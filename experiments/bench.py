@@ -112,12 +112,15 @@ def _timed(args: tuple[int, int, bool, bool]) -> dict[str, Any]:
 
     sc = fusion_scenario(*args)
     t = time.perf_counter()
+    cpu = time.process_time()
     res = simulate(sc)
+    cpu = time.process_time() - cpu
     wall = time.perf_counter() - t
     steps = int(res.steps["count"].sum())
-    return {"wall_s": wall, "steps": steps, "step_rows": len(res.steps), "steps_per_s": steps / wall,
+    return {"wall_s": wall, "cpu_s": cpu, "steps": steps, "step_rows": len(res.steps), "steps_per_s": steps / wall,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "throughput_tok_s": res.summary["throughput_tok_s"], "e2e_mean_s": res.summary["e2e_s"]["mean"]}
+            "throughput_tok_s": res.summary["throughput_tok_s"], "e2e_mean_s": res.summary["e2e_s"]["mean"],
+            "itl_p99_s": res.summary["itl_s"]["p99"]}
 
 
 def _in_child(args: tuple[int, int, bool, bool]) -> dict[str, Any]:
@@ -125,19 +128,23 @@ def _in_child(args: tuple[int, int, bool, bool]) -> dict[str, Any]:
         return pool.apply(_timed, (args,))
 
 
-def fusion_bench(names: str = "abc", quick: bool = False, unfused_max_requests: int = 50_000) -> dict[str, Any]:
-    """Fusion on vs off for each named workload: wall time, steps/s, peak RSS and their ratios.
-    The unfused run is capped at `unfused_max_requests` (c's million would take a quarter of an
-    hour): above it, the ratio is measured at that size and the fused run is also timed whole."""
+def fusion_bench(names: str = "abc", quick: bool = False, unfused_max_requests: int = 50_000,
+                 quick_requests: int = 2_000) -> dict[str, Any]:
+    """Fusion on vs off for each named workload: wall and CPU time (the CPU ratio is the steadier
+    one on a shared machine), steps/s, peak RSS and their ratios. The unfused run is capped at
+    `unfused_max_requests` (c's million would take a quarter of an hour): above it, the ratio is
+    measured at that size and the fused run is also timed whole. `quick`: `quick_requests` each."""
     out: dict[str, Any] = {}
     for name in names:
         w = FUSION_WORKLOADS[name]
-        n = min(w["requests"], 2_000 if quick else w["requests"])
+        n = min(w["requests"], quick_requests if quick else w["requests"])
         m = min(n, unfused_max_requests)
         on = _in_child((w["replicas"], m, w["spec"], True))
         off = _in_child((w["replicas"], m, w["spec"], False))
         p: dict[str, Any] = {**w, "measured_requests": m, "fused": on, "unfused": off,
-                             "speedup": off["wall_s"] / on["wall_s"], "steps_per_row": on["steps"] / on["step_rows"]}
+                             "speedup": off["wall_s"] / on["wall_s"], "speedup_cpu": off["cpu_s"] / on["cpu_s"],
+                             "steps_per_row": on["steps"] / on["step_rows"],
+                             "e2e_mean_rel_diff": abs(on["e2e_mean_s"] / off["e2e_mean_s"] - 1.0)}
         if n > m:
             p["fused_full"] = _in_child((w["replicas"], n, w["spec"], True))
         out[name] = p

@@ -328,6 +328,47 @@ class CostModel:
         total = busy + comm_s + overhead_s
         return StepCost(flops, w, kv_r, kv_w, act, compute_s, memory_s, comm_s, overhead_s, total, seq_s)
 
+    def step_sums_many(self, num_seqs: int, tokens: float, context_tokens: np.ndarray, attn_pairs: np.ndarray,
+                       *, step_overhead: bool = True, totals: bool = False) -> tuple[np.ndarray, ...]:
+        """(total_s, flops, bytes) of `step_sums` for steps that differ only in their context and
+        attention pairs (float arrays), with the same floating-point operations in the same order
+        (bit-identical): a fused run of speculative steps prices all its steps in one call.
+        `totals`: (total_s,) only."""
+        ctx, pairs = context_tokens, attn_pairs
+        if tokens <= 0:
+            return (np.zeros_like(ctx),) if totals else (np.zeros_like(ctx),) * 3
+        m, e = self.model, self.eff
+        w = self.dense_weight_bytes
+        if self.expert_weight_bytes:
+            touched = 1.0 - (1.0 - m.experts_per_token / m.num_experts) ** tokens
+            w += self.expert_weight_bytes * touched
+        kv_r = self.kv_bytes_per_token_gpu * ctx
+        kv_w = self.kv_bytes_per_token_gpu * tokens
+        act = self.act_bytes_per_token * tokens
+        mfu = self.mfu_max * tokens / (tokens + e.mfu_half_tokens)
+        lin_c = self.flops_per_token * tokens / (self.peak * mfu)
+        attn_c = self.attn_flops_per_pair * pairs / (self.peak * self.mfu_max)
+        lin_m = (w + act) / self.bw
+        attn_m = (kv_r + kv_w) / self.bw
+        busy = np.maximum(attn_c, attn_m)  # max(a, b) is b when a <= b, as the scalar branch
+        busy += lin_c if lin_c > lin_m else lin_m  # a + b == b + a: IEEE addition commutes
+        if self.n_allreduce:
+            payload = tokens * m.hidden_size * ACT_BYTES
+            comm_s = self.n_allreduce * (e.allreduce_latency_s + self.ring_factor * payload / self.comm_bw)
+        else:
+            comm_s = 0.0
+        seq_s = e.seq_overhead_s * num_seqs if step_overhead else 0.0
+        overhead_s = self.pass_overhead_s + (e.step_overhead_s if step_overhead else e.draft_pass_overhead_s) + seq_s
+        busy += comm_s
+        busy += overhead_s
+        if totals:
+            return (busy,)
+        flops = self.flops_per_token * tokens + self.attn_flops_per_pair * pairs
+        kv_r += w
+        kv_r += kv_w
+        kv_r += act
+        return busy, flops, kv_r
+
     def total_s_many(self, num_seqs: int, tokens: np.ndarray, context_tokens: np.ndarray, attn_pairs: np.ndarray,
                      *, step_overhead: bool = True) -> np.ndarray:
         """`step_sums(...).total_s` for many candidate steps at once (same formula, vectorised):

@@ -43,18 +43,23 @@ def expected_tokens_table(a: np.ndarray, k_max: int, decay: float = 1.0) -> np.n
     return out
 
 
-def sample_accepted(rng: np.random.Generator, a: np.ndarray, k: int, decay: float = 1.0) -> np.ndarray:
+def sample_accepted(rng: np.random.Generator, a: np.ndarray, k: int, decay: float = 1.0,
+                    steps: int | None = None) -> np.ndarray:
     """Accepted drafted tokens per sequence, each in [0, k]: a truncated geometric draw.
 
     Vectorised: k uniforms per sequence, accepted = number of leading positions that pass.
+    With `steps`, the outcomes of that many verification steps of the same sequences at once, an
+    array (steps, sequences), drawing exactly the uniforms (in the same order) that `steps`
+    successive calls without it would draw (a fused run of speculative steps).
     """
     a = np.asarray(a, dtype=np.float64)
+    shape = (a.size,) if steps is None else (steps, a.size)
     if k <= 0 or a.size == 0:
-        return np.zeros(a.size, dtype=np.int64)
+        return np.zeros(shape, dtype=np.int64)
     p = a[:, None] * (decay ** np.arange(k))[None, :]
-    passed = rng.random((a.size, k)) < p
-    # index of the first failure (k when all pass)
-    return np.where(passed.all(axis=1), k, np.argmin(passed, axis=1)).astype(np.int64)
+    passed = rng.random((*shape, k)) < p
+    # the number of leading positions that pass (the index of the first failure, k when all pass)
+    return np.logical_and.accumulate(passed, axis=-1).sum(axis=-1, dtype=np.int64)
 
 
 def improvement_factor(a: float, k: int, c: float) -> float:

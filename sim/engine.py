@@ -53,6 +53,9 @@ STEP_COLUMNS = (
     "count", "gap_step_s",
 )
 FUSE_MAX_STEPS = 4096  # longest fused run planned at once (a longer one is planned again at its end)
+# most acceptance uniforms a fused speculative run draws at once (steps x sequences x k; its memory
+# and the draws wasted when it stops early stay bounded; a longer run continues in the next one)
+FUSE_MAX_DRAWS = 1 << 16
 
 
 class VerifyPlan(NamedTuple):
@@ -67,20 +70,41 @@ class VerifyPlan(NamedTuple):
 
 
 class StepLog:
-    """Growable column store for the step table (amortised O(1) appends)."""
+    """Column store for the step table, in blocks (amortised O(1) appends; no block is ever
+    copied until `table`, so the peak is the rows plus one copy of them, not three)."""
+
+    BLOCK_ROWS = 1 << 16
 
     def __init__(self, capacity: int = 4096) -> None:
-        self.n = 0
-        self.data = np.zeros((capacity, len(STEP_COLUMNS)))
+        self.n = 0  # rows logged
+        self._done: list[np.ndarray] = []  # full (or closed) blocks, trimmed
+        self._cur = np.zeros((capacity, len(STEP_COLUMNS)))
+        self._i = 0  # rows in the current block
+
+    def _next_block(self, rows: int) -> None:
+        self._done.append(self._cur[: self._i])
+        self._cur = np.zeros((max(self.BLOCK_ROWS, rows), len(STEP_COLUMNS)))
+        self._i = 0
 
     def append(self, row: tuple[float, ...]) -> None:
-        if self.n == self.data.shape[0]:
-            self.data = np.concatenate([self.data, np.zeros_like(self.data)])
-        self.data[self.n] = row
+        if self._i == self._cur.shape[0]:
+            self._next_block(1)
+        self._cur[self._i] = row
+        self._i += 1
         self.n += 1
 
+    def block(self, rows: int) -> np.ndarray:
+        """`rows` new rows at once, to be filled in place (a fused run of speculative steps)."""
+        if self._i + rows > self._cur.shape[0]:
+            self._next_block(rows)
+        self._i += rows
+        self.n += rows
+        return self._cur[self._i - rows: self._i]
+
     def table(self) -> np.ndarray:
-        return self.data[: self.n]
+        if not self._done:
+            return self._cur[: self._i]
+        return np.concatenate([*self._done, self._cur[: self._i]])
 
 
 class FuseBound:
@@ -212,9 +236,14 @@ class Replica:
     def __init__(self, env: simpy.Environment, idx: int, rt: ReplicaRuntime, reqs: Requests,
                  rng: np.random.Generator, log: StepLog, fuse: FuseBound | None = None) -> None:
         self.env, self.idx, self.rt, self.reqs, self.rng, self.log = env, idx, rt, reqs, rng, log
-        # step fusion (off when None, and always for speculation, a cost model without arrays, or a
-        # step cost not affine in the context: sliding-window layers)
-        self.fuse = fuse if (rt.spec is None and isinstance(rt.cost, CostModel) and rt.cost.affine_in_context) else None
+        # step fusion: off when None, for a cost model without arrays, for a step cost not affine
+        # in the context (sliding-window layers), and for the speculation methods of the general
+        # path (trees, depth profiles, windowed self-drafts, suffix matches: `_spec_cost_many`
+        # prices the plain chain only)
+        spec = rt.spec
+        spec_ok = spec is None or (not self._general(spec) and (
+            spec.draft_cost is None or (isinstance(spec.draft_cost, CostModel) and spec.draft_cost.affine_in_context)))
+        self.fuse = fuse if (spec_ok and isinstance(rt.cost, CostModel) and rt.cost.affine_in_context) else None
         s = rt.max_num_seqs
         self.rid = np.full(s, -1, dtype=np.int64)
         self.computed = np.zeros(s, dtype=np.int64)  # tokens whose KV is computed
@@ -408,21 +437,31 @@ class Replica:
         est = (self.n_acc[:n][dec] + 0.7 * 4.0) / (self.n_prop[:n][dec] + 4.0)
         if self._general(spec):
             return self._choose_k_general(dec, est)
-        exp_tokens = expected_tokens_table(est, spec.k, spec.decay).sum(axis=0)
-        n_dec = int(dec.sum())
         ctx = float(self.computed[:n][dec].sum())
+        return int(self._adaptive_k(est[None, :], np.array([ctx]), int(dec.sum()))[0])
+
+    def _adaptive_k(self, est: np.ndarray, ctx: np.ndarray, n_dec: int) -> np.ndarray:
+        """The adaptive policy's k for each of m steps (rows): the decoding sequences' acceptance
+        estimates `est` (m, n_dec) and their context sums `ctx` (m,). One row is one step's
+        choice (`_choose_k`); a fused run evaluates every step of the run in one call."""
+        spec = self.rt.spec
+        assert spec is not None
+        m = est.shape[0]
+        exp_tokens = expected_tokens_table(est.ravel(), spec.k, spec.decay).reshape(m, -1, spec.k + 1).sum(axis=1)
+        c = ctx[:, None]
         # every k = 0..k_max priced in one vectorised call per model (the same formulas as a step)
         k = np.arange(spec.k + 1, dtype=np.float64)
         q = k + 1.0
-        target = self.rt.cost.total_s_many(n_dec, n_dec * q, np.full_like(k, ctx), ctx * q + n_dec * q * (q + 1) / 2.0)
-        total = target + target[0] * self._overhead_frac(n_dec)  # machinery: a fraction of the plain decode pass
+        target = self.rt.cost.total_s_many(n_dec, n_dec * q, c + 0.0 * k, c * q + n_dec * q * (q + 1) / 2.0)
+        total = target + target[:, :1] * self._overhead_frac(n_dec)  # machinery: a fraction of the plain decode pass
         if spec.draft_cost is not None:
-            mean_ctx = ctx + n_dec * (k - 1) / 2.0
+            mean_ctx = c + n_dec * (k - 1) / 2.0
             one = spec.draft_cost.total_s_many(n_dec, np.full_like(k, n_dec), mean_ctx, mean_ctx + n_dec,
                                                step_overhead=False)
             total = total + k * one
         rate = exp_tokens / total
-        return int(np.argmax(rate >= rate.max() * (1.0 - 1e-9)))  # the smallest k within rounding of the best
+        # the smallest k within rounding of the best
+        return np.argmax(rate >= rate.max(axis=1, keepdims=True) * (1.0 - 1e-9), axis=1)
 
     @staticmethod
     def _general(spec: Any) -> bool:
@@ -622,11 +661,17 @@ class Replica:
                 yield self.wakeup
                 self.idle = False
             if self.fuse is not None and stalled_s == 0.0:
-                run = self._plan_run()
-                if run is not None:
-                    yield from self._fused_run(*run)
-                    decode_left = (decode_left - run[0]) % rt.scheduler_steps
-                    continue
+                if spec is None:
+                    run = self._plan_run()
+                    if run is not None:
+                        yield from self._fused_run(*run)
+                        decode_left = (decode_left - run[0]) % rt.scheduler_steps
+                        continue
+                else:
+                    done_steps = yield from self._spec_run()
+                    if done_steps:
+                        decode_left = (decode_left - done_steps) % rt.scheduler_steps
+                        continue
             n = self.n_running
             dec = self.computed[:n] >= self.target[:n]
             chunk_idx: list[int] = []
@@ -891,6 +936,165 @@ class Replica:
         flops, nbytes = cost.run_sums(float(n), ctx_sum, ctx_sum + steps * n, steps)
         self.log.append((self.idx, start, total, n, n, 0.0, n * steps, n * steps, 0, used_blocks, waiting,
                          flops * cost.tp, nbytes * cost.tp, total, 0.0, 0.0, d0, steps, slope if steps > 1 else 0.0))
+
+    def _spec_run(self) -> Generator[simpy.Event, Any, int]:
+        """A run of speculative decode steps in one timeout; returns how many steps it advanced
+        (0: none, the loop takes an ordinary step, and nothing, the RNG included, has changed).
+
+        The conditions at the run's first step are those of `_plan_run` (every running sequence
+        decodes, no admission possible, steps start before `FuseBound.next_s` and the run ends
+        before the end bound), plus KV blocks held = ceil(computed / B) for every sequence (what
+        every step leaves behind). The run draws the acceptance outcomes of its candidate steps
+        in one call (`sample_accepted(..., steps=m)`: the uniforms the unfused loop would draw,
+        in its order) and, vectorised over the steps, the tokens each step emits, the contexts,
+        every step's cost (`CostModel.step_sums_many`, bit-identical to the ordinary step's), the
+        KV reservation (k + 1 tokens, capped by what is left, then released to what was kept)
+        and, for the adaptive policy, each step's choice of k. It stops after the first step where
+        a sequence finishes, before the first step whose reservation would not fit (it would
+        preempt) or whose k differs, and at the time bounds; the uniforms drawn for steps beyond
+        it are given back (the generator is rewound to just after the run's draws). So a fused
+        run is the unfused loop's steps, to the last bit of every number but the clock (one
+        timeout of the steps' summed durations)."""
+        rt, env = self.rt, self.env
+        spec = rt.spec
+        fb = self.fuse
+        assert spec is not None and fb is not None
+        n = self.n_running
+        if n == 0 or (self.waiting and n < rt.max_num_seqs and self.free_blocks > 0):
+            return 0
+        c = self.computed[:n]
+        if (c < self.target[:n]).any():
+            return 0
+        rem = self.out[:n] - self.gen[:n]
+        held = (c + (BLOCK_SIZE - 1)) // BLOCK_SIZE
+        if int(rem.min()) < 2 or (self.blocks[:n] != held).any():
+            return 0
+        dec = np.ones(n, dtype=bool)
+        k = self._choose_k(dec)
+        q = k + 1
+        now = env.now
+        bound, end_bound = fb.next_s(now, self.idx)
+        ctx0 = float(c.sum())
+        # step 0's duration, as the ordinary step prices it; later steps last longer (a longer
+        # context). A run of one step would be the ordinary step at a higher cost: none when the
+        # second step could not start before the bounds
+        d0 = self._spec_cost(n, ctx0, k, 0, 0.0, 0.0, 0.0)[0]
+        limit = min(bound, end_bound)
+        if now + d0 >= limit:
+            return 0
+        m = min(int(rem.min()), FUSE_MAX_STEPS, int((limit - now) / d0) + 2,
+                max(2, FUSE_MAX_DRAWS // (n * max(k, 1))))
+        if m < 2:
+            return 0
+        # 1. the candidate steps' outcomes: accepted drafts, tokens emitted (capped at what is left)
+        bg = self.rng.bit_generator
+        state = bg.state
+        if k:
+            acc = sample_accepted(self.rng, self.acc[:n], k, spec.decay, steps=m)
+            emit = acc + 1
+        else:
+            emit = np.ones((m, n), dtype=np.int64)
+        cum = np.cumsum(emit, axis=0)
+        fin = np.any(cum >= rem, axis=1)  # a sequence finishes at this step
+        steps = int(np.argmax(fin)) + 1 if bool(fin[-1]) else m  # (once finished, always: cum only grows)
+        cum, emit = cum[:steps], emit[:steps]
+        before = cum - emit  # tokens emitted before each step
+        emit = np.minimum(emit, rem - before)  # the finishing step emits what is left
+        # 2. the KV reservation of each step fits (held blocks are ceil(c / B) at every step); it
+        # surely does when every sequence could take steps x (k + 1) more tokens
+        if self.free_blocks < n * ((steps * q) // BLOCK_SIZE + 1):
+            grow = 1 if q == 1 else np.minimum(q, rem - before)
+            fits = ((c + before + (grow + BLOCK_SIZE - 1)) // BLOCK_SIZE).sum(axis=1) <= self.free_blocks + int(held.sum())
+            if not fits.all():
+                steps = int(np.argmin(fits))
+        per_step = emit.sum(axis=1)
+        ctx = (np.cumsum(per_step) - per_step + ctx0)[:steps]
+        # 3. the adaptive policy keeps k at every step of the run
+        if spec.policy == "adaptive" and steps > 1:
+            est = (self.n_acc[:n] + (np.cumsum(acc[:steps], axis=0) - acc[:steps] if k else 0) + 0.7 * 4.0) / (
+                self.n_prop[:n] + k * np.arange(steps)[:, None] + 4.0)
+            same = self._adaptive_k(est[1:], ctx[1:], n) == k
+            if not same.all():
+                steps = 1 + int(np.argmin(same))
+        # 4. each step's cost, its start (the unfused clock: sequential sums) and the time bounds
+        total, target, draft, over, flops, nbytes = self._spec_cost_many(n, ctx[:steps], k)
+        starts = np.cumsum(np.concatenate(([now], total)))
+        steps = min(steps, int(np.searchsorted(starts[:steps], bound, "left")),
+                    int(np.searchsorted(starts[1:], end_bound, "left")))
+        if steps < 1:
+            bg.state = state
+            return 0
+        if k and steps < m:  # give back the uniforms drawn for steps beyond the run
+            bg.state = state
+            if isinstance(bg, np.random.PCG64) and not state["has_uint32"]:
+                bg.advance(steps * n * k)  # one 64-bit output per uniform double
+            else:
+                self.rng.random(steps * n * k)
+        if k:
+            acc = acc[:steps]
+        emit = emit[:steps]
+        start = env.now
+        waiting = len(self.waiting)
+        free0, held0 = self.free_blocks, int(held.sum())
+        # blocks held after each step but the last (the last's are known after the run)
+        held_after = ((c + (BLOCK_SIZE - 1) + cum[:steps - 1]) // BLOCK_SIZE).sum(axis=1)
+        yield env.timeout(float(starts[steps]) - start)
+        # 5. state after the run (what the unfused steps leave behind)
+        got = emit.sum(axis=0)
+        if k:
+            self.n_prop[:n] += k * steps
+            self.n_acc[:n] += acc.sum(axis=0)
+            self.n_verify[:n] += steps
+            self.n_vemit[:n] += got
+        self.gen[:n] += got
+        self.computed[:n] += got
+        new_held = (self.computed[:n] + (BLOCK_SIZE - 1)) // BLOCK_SIZE
+        self.free_blocks -= int((new_held - self.blocks[:n]).sum())
+        self.blocks[:n] = new_held
+        self._leave(env.now)
+        # 6. one row per step, in one append
+        rows = self.log.block(steps)
+        rows[:] = (self.idx, 0.0, 0.0, n, n, 0.0, n * q, 0.0, k, 0.0, waiting, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1, 0.0)
+        rows[:, 1] = starts[:steps]
+        rows[:, 2] = total[:steps]
+        rows[:, 16] = rows[:, 2]
+        rows[:, 7] = per_step[:steps]
+        rows[:-1, 9] = held_after + (rt.plan.num_blocks - free0 - held0)
+        rows[-1, 9] = rt.plan.num_blocks - self.free_blocks
+        rows[-1, 10] = len(self.waiting)
+        rows[:, 11] = flops[:steps]
+        rows[:, 12] = nbytes[:steps]
+        rows[:, 13] = target[:steps]
+        rows[:, 14] = draft if isinstance(draft, float) else draft[:steps]
+        rows[:, 15] = over[:steps]
+        return steps
+    def _spec_cost_many(self, n_dec: int, ctx: np.ndarray, k: int) -> tuple[Any, ...]:
+        """`_spec_cost` of decode-only steps (every sequence decoding, no prefill) at each context
+        sum in `ctx`, vectorised, with the same operations in the same order (bit-identical)."""
+        rt = self.rt
+        spec = rt.spec
+        assert spec is not None and isinstance(rt.cost, CostModel)
+        q = k + 1
+        # (x + 0.0 is x for x >= 0: the ordinary step's additions of its empty prefill are left out)
+        pairs = ctx * q + n_dec * q * (q + 1) / 2.0
+        total, flops, nbytes = rt.cost.step_sums_many(n_dec, n_dec * q + 0.0, ctx, pairs)
+        flops *= rt.cost.tp
+        nbytes *= rt.cost.tp
+        dc = spec.draft_cost
+        if dc is not None and k > 0:
+            mean_ctx = ctx + n_dec * (k - 1) / 2.0
+            d_total, d_flops, d_bytes = dc.step_sums_many(n_dec, n_dec, mean_ctx, mean_ctx + n_dec,
+                                                          step_overhead=False)
+            draft: np.ndarray | float = k * d_total
+            flops += k * d_flops * dc.tp
+            nbytes += k * d_bytes * dc.tp
+            step = total + draft
+        else:
+            draft, step = 0.0, total
+        plain = total if k == 0 else rt.cost.step_sums_many(n_dec, n_dec, ctx, ctx + n_dec, totals=True)[0]
+        # follow_load switched off: the plain decode path, no machinery (as `_spec_cost`)
+        over = plain * self._overhead_frac(n_dec) if self.speculating else 0.0 * plain
+        return step + over, total, draft, over, flops, nbytes
 
     def _fit_chunk(self, i: int, budget: int, alone: bool = False) -> int:
         """Largest prefill chunk for entry i within the token budget and the free KV blocks;

@@ -234,10 +234,15 @@ class FleetBound(FuseBound):
 
 
 def change_times(sc: Scenario, warmup_s: float, end_s: float) -> list[float]:
-    """Every time at which the routable set can change: the autoscaler's ticks, and each tick
-    plus the warm-up delay (a replica started then becomes live)."""
+    """Every time at which the routable set or the speculation switch can change: the
+    autoscaler's ticks, each tick plus the warm-up delay (a replica started then becomes live),
+    and the ticks of speculation that follows load (fused speculative runs never straddle one)."""
+    out: list[float] = []
     cfg = sc.autoscale
-    if cfg is None:
-        return []
-    ticks = tick_times(cfg.interval_s, end_s)
-    return ticks + [t + warmup_s for t in ticks]
+    if cfg is not None:
+        ticks = tick_times(cfg.interval_s, end_s)
+        out += ticks + [t + warmup_s for t in ticks]
+    spec = sc.speculative
+    if spec is not None and spec.policy == "follow_load":
+        out += tick_times(spec.load_interval_s, end_s)
+    return out

@@ -73,6 +73,96 @@ def step_gaps(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return out, np.repeat(w, cnt)
 
 
+def _pct_hit(cum: np.ndarray, total: float, p: float) -> int:
+    """The first index where the cumulative weight reaches the share p (as `dist` finds it)."""
+    return min(int(np.searchsorted(cum / total, p)), cum.size - 1)
+
+
+def gap_dist(steps: pd.DataFrame) -> dict[str, float]:
+    """`dist(*step_gaps(steps))` without expanding the run-length rows: the same mean (to
+    rounding) and the same weighted percentiles (exactly: the same value is picked)."""
+    mean, _, pct = gap_moments(steps, tuple(p / 100.0 for p in PERCENTILES))
+    return {"mean": mean, **{f"p{p}": v for p, v in zip(PERCENTILES, pct, strict=True)}}
+
+
+def gap_moments(steps: pd.DataFrame, shares: tuple[float, ...]) -> tuple[float, float, list[float]]:
+    """(mean, standard deviation, weighted quantiles at `shares`) of every engine step's chunk gap
+    weighted by its decoding sequences, from run-length rows without expanding them.
+
+    Row r holds the values v_rj = g_r + j s_r, j = 0..n_r - 1 (g = chunk_gap_s, s = gap_step_s,
+    both computed as the expansion computes them), each of weight w_r (decoding sequences). The
+    weighted p-quantile x* (the smallest value whose cumulative weight reaches p) lies between two
+    bounds read off the rows' ranges [lo_r, hi_r], sorted: x_low, the smallest lo at which the
+    weight of the rows starting at or below it reaches p, and x_up, the smallest hi at which the
+    weight of the rows ending at or below it does. Only the values inside [x_low, x_up] are
+    expanded (from the rows overlapping it) and searched, with the weight below x_low counted in
+    closed form (values grow with j, so a run's values below x_low are a prefix)."""
+    cnt = _counts(steps).astype(np.float64)
+    g = steps.chunk_gap_s.to_numpy(np.float64)
+    s = steps.gap_step_s.to_numpy(np.float64) * (cnt > 1)
+    w = steps.decode_seqs.to_numpy(np.float64)
+    keep = np.isfinite(g) & (w > 0)
+    if not keep.all():
+        cnt, g, s, w = cnt[keep], g[keep], s[keep], w[keep]
+    if (s < 0).any():  # durations never fall along a run; expand any that would, to stay exact
+        neg = s < 0
+        j = _run_index(cnt[neg].astype(np.int64))[1]
+        rows = np.repeat(np.flatnonzero(neg), cnt[neg].astype(np.int64))
+        g = np.concatenate([g[~neg], g[rows] + j * s[rows]])
+        w = np.concatenate([w[~neg], w[rows]])
+        cnt = np.concatenate([cnt[~neg], np.ones(rows.size)])
+        s = np.concatenate([s[~neg], np.zeros(rows.size)])
+    if g.size == 0:
+        return float("nan"), float("nan"), [float("nan")] * len(shares)
+    wr = w * cnt
+    total = float(wr.sum())
+    s1 = cnt * (cnt - 1.0) / 2.0  # sum of j, and of j^2, over a run's steps j = 0..n-1
+    s2 = (cnt - 1.0) * cnt * (2.0 * cnt - 1.0) / 6.0
+    mean = float((w * (cnt * g + s * s1)).sum() / total)
+    u = g - mean
+    var = float((w * (cnt * u * u + 2.0 * u * s * s1 + s * s * s2)).sum() / total)
+    out: list[float] = []
+    lo = g
+    hi = g + (cnt - 1.0) * s
+    o_lo = np.argsort(lo, kind="stable")
+    o_hi = np.argsort(hi, kind="stable")
+    c_lo, c_hi = np.cumsum(wr[o_lo]), np.cumsum(wr[o_hi])
+    for t in shares:
+        x_low = lo[o_lo[_pct_hit(c_lo, total, t)]]
+        x_up = hi[o_hi[_pct_hit(c_hi, total, t)]]
+        below = float(wr[hi < x_low].sum())  # rows wholly below the window
+        r = np.flatnonzero((lo <= x_up) & (hi >= x_low))
+        gr, sr, nr, wv = g[r], s[r], cnt[r], w[r]
+        flat = sr == 0
+        # runs of one value (or of one step): one candidate of the run's whole weight
+        vals = [gr[flat]]
+        wts = [wv[flat] * nr[flat]]
+        below += float((wv[flat] * nr[flat])[gr[flat] < x_low].sum())
+        if not flat.all():
+            gs, ss, ns, ws = gr[~flat], sr[~flat], nr[~flat], wv[~flat]
+            # the runs' j inside the window, one either side for rounding (then filtered exactly)
+            j0 = np.clip(np.floor((x_low - gs) / ss) - 1.0, 0.0, ns - 1.0)
+            j1 = np.clip(np.ceil((x_up - gs) / ss) + 1.0, 0.0, ns - 1.0)
+            below += float((ws * j0).sum())  # values before j0 are below x_low
+            k = (j1 - j0 + 1.0).astype(np.int64)
+            rows = np.repeat(np.arange(gs.size), k)
+            jj = np.repeat(j0, k) + _run_index(k)[1]
+            v = gs[rows] + jj * ss[rows]
+            vw = ws[rows]
+            under = v < x_low
+            below += float(vw[under].sum())
+            vals.append(v[~under])
+            wts.append(vw[~under])
+        x = np.concatenate(vals)
+        xw = np.concatenate(wts)
+        inside = (x >= x_low) & (x <= x_up)
+        x, xw = x[inside], xw[inside]
+        order = np.argsort(x, kind="stable")
+        cum = below + np.cumsum(xw[order])
+        out.append(float(x[order][_pct_hit(cum, total, t)]))
+    return mean, float(np.sqrt(max(var, 0.0))), out
+
+
 def step_starts(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """(rows, start_s) of every engine step, run-length rows expanded: step j of a fused run
     starts at start_s + j d0 + slope j (j - 1) / 2 (d0 = chunk_gap_s, slope = gap_step_s)."""
@@ -350,7 +440,7 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     # ITL as vLLM's benchmark measures it: the gap between successive streamed chunks of a request;
     # with steps back to back, a decoding sequence waits one step per chunk, plus the prefill-only
     # steps that ran meanwhile (separate prefill): the step table's chunk_gap_s
-    s["itl_s"] = dist(*step_gaps(st))
+    s["itl_s"] = gap_dist(st)
     s["itl_samples"] = int((st.decode_seqs * _counts(st)).sum())  # streamed-chunk gaps behind those percentiles
     s["e2e_s"] = dist(m.e2e_s.to_numpy())
     s["queue_s"] = dist(m.queue_s.to_numpy())
@@ -440,16 +530,19 @@ def bench_metrics(req: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:
     out_tok = done.output_tokens.to_numpy()
     many = out_tok > 1
     tpot = (e2el[many] - ttft[many]) / (out_tok[many] - 1)
-    # ITL pooled over every streamed-chunk gap: each decoding sequence of a step waited chunk_gap_s
-    gaps, weights = step_gaps(steps)
     out: dict[str, float] = {
         "completed": float(len(done)), "duration": duration,
         "total_input_tokens": float(done.prompt_tokens.sum()), "total_output_tokens": float(out_tok.sum()),
         "request_throughput": len(done) / duration, "output_throughput": float(out_tok.sum()) / duration,
         "total_token_throughput": float(out_tok.sum() + done.prompt_tokens.sum()) / duration,
     }
-    for name, x, w in (("ttft", ttft, None), ("tpot", tpot, None), ("e2el", e2el, None), ("itl", gaps, weights)):
-        out.update(_stats(name, x, w))
+    for name, x in (("ttft", ttft), ("tpot", tpot), ("e2el", e2el)):
+        out.update(_stats(name, x, None))
+    # ITL pooled over every streamed-chunk gap: each decoding sequence of a step waited chunk_gap_s
+    # (run-length rows in closed form: `gap_moments`, the same percentiles as expanding them)
+    mean, std, (p50, p90, p99) = gap_moments(steps, (0.5, 0.9, 0.99))
+    out.update({"mean_itl_ms": mean * 1e3, "median_itl_ms": p50 * 1e3, "std_itl_ms": std * 1e3,
+                "p90_itl_ms": p90 * 1e3, "p99_itl_ms": p99 * 1e3})
     return out
 
 

@@ -14,6 +14,7 @@ from models.cost import CostModel
 from sim.deployment import build_runtime
 from sim.metrics import expand_steps
 from sim.run import run_table
+from sim.scenario import scenario_from_dict
 from sim.simulate import simulate
 
 RTOL = 1e-9
@@ -193,11 +194,226 @@ def test_sliding_window_models_do_not_fuse(make_scenario) -> None:
     assert (res.steps["count"] == 1).all() and res.summary["completed_requests"] > 0
 
 
-def test_speculative_runs_do_not_fuse(make_scenario) -> None:
-    sc = make_scenario(speculative={"method": "draft_model", "draft_model": "llama-3.2-1b",
-                                    "num_speculative_tokens": 3},
-                       workload={"rate_rps": 1.0, "duration_s": 30.0})
-    assert (simulate(sc, 1).steps["count"] == 1).all()
+# ----------------------------------------------------------------------------- speculative runs
+
+_DRAFT = {"method": "draft_model", "draft_model": "llama-3.2-1b", "num_speculative_tokens": 4}
+_SPEC_MATRIX = {
+    "draft-fixed": dict(speculative=_DRAFT, workload={"rate_rps": 2.0, "duration_s": 40.0, "warmup_s": 3.0}),
+    "ngram-spread": dict(speculative={"method": "ngram", "num_speculative_tokens": 3},
+                         workload={"rate_rps": 2.0, "duration_s": 40.0,
+                                   "classes": [{"name": "chat", "share": 1.0, "acceptance": 0.6, "acceptance_spread": 0.2}]}),
+    "eagle-adaptive-decay": dict(speculative={"method": "eagle", "num_speculative_tokens": 5, "policy": "adaptive",
+                                              "acceptance_decay": 0.9},
+                                 workload={"rate_rps": 3.0, "duration_s": 40.0}),
+    "draft-adaptive": dict(speculative={**_DRAFT, "policy": "adaptive"}, workload={"rate_rps": 4.0, "duration_s": 30.0}),
+    "draft-disable-above-batch": dict(speculative={**_DRAFT, "policy": "disable_above_batch", "disable_batch_size": 4},
+                                      workload={"rate_rps": 4.0, "duration_s": 40.0}),
+    "draft-dedicated-separate": dict(rack={"gpu": "h100-sxm", "num_gpus": 5}, deployment={"engine": "vllm-0.6"},
+                                     speculative={**_DRAFT, "placement": "dedicated", "draft_gpus": 1},
+                                     workload={"rate_rps": 2.0, "duration_s": 40.0}),
+    "ngram-separate-multistep": dict(deployment={"engine": "vllm-0.6", "scheduler_steps": 4},
+                                     speculative={"method": "ngram", "num_speculative_tokens": 3},
+                                     workload={"rate_rps": 3.0, "duration_s": 30.0, "warmup_s": 5.0}),
+    "2-replicas-rr": dict(rack={"gpu": "h100-sxm", "num_gpus": 8}, deployment={"router": "round_robin"},
+                          speculative=_DRAFT, workload={"rate_rps": 4.0, "duration_s": 30.0}),
+    "2-replicas-least-backlog": dict(rack={"gpu": "h100-sxm", "num_gpus": 8}, deployment={"max_num_seqs": 8},
+                                     speculative=_DRAFT, workload={"rate_rps": 20.0, "duration_s": 30.0},
+                                     sim={"backlog_limit": 30}),
+    "closed": dict(speculative=_DRAFT, workload={"arrival": "closed", "concurrency": 8, "num_requests": 120,
+                                                 "rate_rps": None, "duration_s": 60.0, "warmup_s": 10.0}),
+}
+
+
+def _same_kv(unfused: pd.DataFrame, fused: pd.DataFrame) -> None:
+    """KV blocks in use after every step (speculative runs keep one row per step)."""
+    def kv(t: pd.DataFrame) -> np.ndarray:
+        return t.sort_values(["replica", "start_s"], kind="stable").kv_blocks_used.to_numpy()
+
+    np.testing.assert_array_equal(kv(fused), kv(unfused))
+
+
+@pytest.fixture
+def spec_run_counter(monkeypatch):
+    """Counts the steps advanced by fused speculative runs (`Replica._spec_run`)."""
+    from sim import engine
+
+    seen = {"runs": 0, "steps": 0}
+    inner = engine.Replica._spec_run
+
+    def counted(self):
+        steps = yield from inner(self)
+        seen["runs"] += bool(steps)
+        seen["steps"] += steps
+        return steps
+
+    monkeypatch.setattr(engine.Replica, "_spec_run", counted)
+    return seen
+
+
+@pytest.mark.parametrize("name", list(_SPEC_MATRIX))
+def test_speculative_fused_equals_unfused(make_scenario, spec_run_counter, name: str) -> None:
+    """Fused speculative runs draw the uniforms the unfused loop would draw, in its order, and price
+    every step with the same operations: the request table, the summary and the step table are the
+    unfused engine's (in practice to the last bit)."""
+    sc = make_scenario(**_SPEC_MATRIX[name])
+    on = simulate(sc.with_overrides({"sim.fuse_steps": True}), 1)
+    fused = dict(spec_run_counter)
+    off = simulate(sc.with_overrides({"sim.fuse_steps": False}), 1)
+    assert spec_run_counter == fused, "the unfused engine fused"
+    _same_requests(off.requests, on.requests)
+    assert not _close({k: v for k, v in off.summary.items() if k != "scenario"},
+                      {k: v for k, v in on.summary.items() if k != "scenario"})
+    _same_steps(off.steps, on.steps)
+    _same_kv(off.steps, on.steps)
+    assert on.requests.verify_steps.sum() > 0
+    # fusion happened: most steps were advanced inside fused runs, several steps a run
+    assert fused["steps"] >= 0.5 * len(off.steps) and fused["steps"] >= 2 * fused["runs"], fused
+
+
+def test_speculative_fused_equals_unfused_under_kv_pressure(make_scenario, spec_run_counter) -> None:
+    """Preemption with k + 1 tokens reserved and the rejected ones released: runs stop before a
+    reservation that would not fit."""
+    from models.catalog import get_gpu
+
+    base = make_scenario(speculative=_DRAFT)
+    plan = build_runtime(base).plan
+    need = plan.weight_bytes + plan.activation_bytes + plan.runtime_bytes + plan.extra_bytes
+    util = (need + 4096 * plan.kv_bytes_per_token) / get_gpu("h100-sxm").hbm_bytes
+    sc = make_scenario(speculative=_DRAFT, deployment={"gpu_memory_utilization": round(util, 6)},
+                       workload={"rate_rps": 8.0, "duration_s": 20.0, "warmup_s": 2.0}, sim={"drain_s": 1e4})
+    on, off = _both(sc)
+    assert off.summary["preemptions"] > 0 and spec_run_counter["steps"] > 0
+    _same_requests(off.requests, on.requests)
+    _same_steps(off.steps, on.steps)
+    _same_kv(off.steps, on.steps)
+
+
+def test_speculative_runs_capped_by_draws_continue_exactly(make_scenario, monkeypatch, spec_run_counter) -> None:
+    """A run capped by FUSE_MAX_DRAWS (few steps a run at a large batch) ends where the next one
+    starts: still the unfused engine's tables."""
+    from sim import engine
+
+    monkeypatch.setattr(engine, "FUSE_MAX_DRAWS", 64)
+    sc = make_scenario(speculative=_DRAFT, workload={"rate_rps": 6.0, "duration_s": 20.0})
+    on, off = _both(sc)
+    assert spec_run_counter["steps"] >= 2 * spec_run_counter["runs"] > 0
+    _same_requests(off.requests, on.requests)
+    _same_steps(off.steps, on.steps)
+    _same_kv(off.steps, on.steps)
+
+
+def test_step_log_blocks_keep_every_row_in_order() -> None:
+    """The block-wise step log (single appends and whole blocks of speculative rows, across block
+    boundaries) gives back every row, in order."""
+    from sim.engine import STEP_COLUMNS, StepLog
+
+    rng = np.random.default_rng(0)
+    log = StepLog(8)
+    log.BLOCK_ROWS = 16
+    ref: list[np.ndarray] = []
+    for _ in range(400):
+        if rng.random() < 0.5:
+            row = rng.random(len(STEP_COLUMNS))
+            log.append(tuple(row))
+            ref.append(row[None, :])
+        else:
+            rows = rng.random((int(rng.integers(1, 40)), len(STEP_COLUMNS)))
+            log.block(rows.shape[0])[:] = rows
+            ref.append(rows)
+    np.testing.assert_array_equal(log.table(), np.concatenate(ref))
+    assert log.n == len(log.table())
+
+
+def test_step_sums_many_is_bit_identical() -> None:
+    """The vectorised step cost a fused speculative run uses is `step_sums`, bit for bit."""
+    rng = np.random.default_rng(2)
+    for model, tp in (("llama-3.1-70b", 4), ("llama-3.2-1b", 1), ("mixtral-8x7b", 2)):
+        cm = CostModel(model, "h100-sxm", tp)
+        for n, q in ((1, 1), (5, 5), (64, 3), (300, 2)):
+            ctx = rng.integers(0, 4000 * n, 50).astype(np.float64)
+            pairs = ctx * q + n * q * (q + 1) / 2.0
+            for over in (True, False):
+                total, flops, nbytes = cm.step_sums_many(n, n * q + 0.0, ctx, pairs, step_overhead=over)
+                ones = [cm.step_sums(n, n * q + 0.0, c, p, step_overhead=over) for c, p in zip(ctx, pairs, strict=True)]
+                assert total.tolist() == [o.total_s for o in ones]
+                assert flops.tolist() == [o.flops for o in ones]
+                assert nbytes.tolist() == [o.bytes for o in ones]
+
+
+def test_sample_accepted_steps_draws_the_unfused_stream() -> None:
+    """m steps drawn at once are the m successive draws, and a generator rewound and advanced past
+    the first s steps' uniforms continues as if those s steps alone had been drawn."""
+    from models.speculative import sample_accepted
+
+    a = np.array([0.2, 0.8, 0.95, 0.5])
+    one, many = np.random.default_rng(7), np.random.default_rng(7)
+    block = sample_accepted(many, a, 4, 0.9, steps=6)
+    assert block.shape == (6, 4)
+    np.testing.assert_array_equal(block, np.stack([sample_accepted(one, a, 4, 0.9) for _ in range(6)]))
+    assert many.random() == one.random()
+    g, ref = np.random.default_rng(9), np.random.default_rng(9)
+    state = g.bit_generator.state
+    sample_accepted(g, a, 4, steps=10)
+    g.bit_generator.state = state
+    g.bit_generator.advance(3 * a.size * 4)
+    for _ in range(3):
+        sample_accepted(ref, a, 4)
+    np.testing.assert_array_equal(sample_accepted(g, a, 4, steps=2), sample_accepted(ref, a, 4, steps=2))
+
+
+_STAT_SEEDS = 20
+
+
+@pytest.mark.parametrize("spec", [_DRAFT, {"method": "eagle", "num_speculative_tokens": 5, "policy": "adaptive"}],
+                         ids=["draft-fixed", "eagle-adaptive"])
+def test_speculative_fusion_agrees_statistically(make_scenario, spec: dict[str, Any]) -> None:
+    """Independent of the exact agreement above: fused runs over 20 seeds against unfused runs over
+    20 other seeds. Per-seed means of TTFT, TPOT, ITL, E2E and throughput agree within their
+    two-sample CI (|difference| < 3.5 standard errors), and so do the per-seed ITL p50, p90 and p99
+    (ITL gaps are not independent draws: every sequence of a step shares its gap, successive steps
+    are correlated, so a KS test over pooled gaps rejects two sets of unfused seeds too); two-sample
+    KS on the pooled per-request TTFT, TPOT and E2E (p > 0.001); and draft tokens accepted per verification
+    + 1 match the closed form (1 - a^(k+1)) / (1 - a) within the CI over seeds (fixed k: the
+    per-token acceptance a = 0.8 of every request)."""
+    from scipy import stats
+
+    from models.speculative import expected_tokens
+    from sim.metrics import request_latencies
+
+    # small runs, many seeds (the adaptive policy's unfused steps are the slowest: shorter runs)
+    duration = 20.0 if spec.get("policy", "fixed") == "fixed" else 12.0
+    sc = make_scenario(speculative=spec, workload={"rate_rps": 2.0, "duration_s": duration, "warmup_s": 2.0})
+    keys = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
+    per: dict[bool, dict[str, list[float]]] = {}
+    pooled: dict[bool, dict[str, list[np.ndarray]]] = {}
+    for fuse, first in ((True, 1), (False, 101)):
+        s = sc.with_overrides({"sim.fuse_steps": fuse})
+        per[fuse] = {k: [] for k in (*keys, "throughput_tok_s", "tokens_per_verify", "itl_p50", "itl_p90", "itl_p99")}
+        pooled[fuse] = {k: [] for k in ("ttft_s", "tpot_s", "e2e_s")}
+        for seed in range(first, first + _STAT_SEEDS):
+            res = simulate(s, seed)
+            for k in keys:
+                per[fuse][k].append(res.summary[k]["mean"])
+            per[fuse]["throughput_tok_s"].append(res.summary["throughput_tok_s"])
+            for p in (50, 90, 99):
+                per[fuse][f"itl_p{p}"].append(res.summary["itl_s"][f"p{p}"])
+            r = res.requests
+            per[fuse]["tokens_per_verify"].append(1.0 + r.draft_accepted.sum() / r.verify_steps.sum())
+            lat = request_latencies(r)
+            for k in ("ttft_s", "tpot_s", "e2e_s"):
+                pooled[fuse][k].append(lat[k].dropna().to_numpy())
+    for k in per[True]:
+        a, b = np.asarray(per[True][k]), np.asarray(per[False][k])
+        se = np.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)
+        assert abs(a.mean() - b.mean()) < 3.5 * se, (k, a.mean(), b.mean(), se)
+    for k in pooled[True]:
+        x, y = np.concatenate(pooled[True][k]), np.concatenate(pooled[False][k])
+        assert stats.ks_2samp(x, y).pvalue > 1e-3, k
+    if spec.get("policy", "fixed") == "fixed":
+        closed = float(expected_tokens(0.8, spec["num_speculative_tokens"]))
+        for fuse in (True, False):
+            t = np.asarray(per[fuse]["tokens_per_verify"])
+            assert abs(t.mean() - closed) < 3.5 * t.std(ddof=1) / np.sqrt(t.size), (fuse, t.mean(), closed)
 
 
 def test_run_steps_full_expands_the_runs(tmp_path, example_path) -> None:
@@ -239,3 +455,88 @@ def test_run_length_metrics_match_their_expansion() -> None:
         j = np.concatenate([np.arange(c) for c in cnt])
         np.testing.assert_allclose(gaps, np.repeat(d0, cnt) + j * np.repeat(slope, cnt), rtol=1e-14)
         assert dist(gaps, w)["p90"] == dist(np.repeat(d0, cnt) + j * np.repeat(slope, cnt), np.repeat(g.decode_seqs, cnt))["p90"]
+
+
+def test_itl_percentiles_from_run_length_rows_without_expanding() -> None:
+    """`gap_dist` / `gap_moments` (what the summary and the benchmark figures use) pick exactly the
+    percentiles the expanded gaps give, with ties, flat runs, one-step rows and clustered values;
+    mean and standard deviation to rounding."""
+    from sim.metrics import _stats, dist, gap_dist, gap_moments, step_gaps
+
+    rng = np.random.default_rng(4)
+    for _ in range(120):
+        k = int(rng.integers(1, 60))
+        cnt = rng.integers(1, 40, k) * (rng.random(k) < 0.6) + 1
+        d0 = rng.choice(rng.uniform(0.01, 0.05, 4), k) + (rng.random(k) < 0.5) * rng.uniform(0, 1e-4, k)
+        slope = rng.choice([0.0, 1e-9, 1e-7, 3e-6], k) * (cnt > 1)
+        g = pd.DataFrame({"chunk_gap_s": d0, "gap_step_s": slope, "count": cnt, "decode_seqs": rng.integers(1, 50, k)})
+        ref, got = dist(*step_gaps(g)), gap_dist(g)
+        assert got["mean"] == pytest.approx(ref["mean"], rel=1e-12)
+        assert {p: v for p, v in got.items() if p != "mean"} == {p: v for p, v in ref.items() if p != "mean"}
+        st = _stats("itl", *step_gaps(g))
+        mean, std, (p50, p90, p99) = gap_moments(g, (0.5, 0.9, 0.99))
+        assert mean * 1e3 == pytest.approx(st["mean_itl_ms"], rel=1e-12)
+        assert (st["median_itl_ms"], st["p90_itl_ms"], st["p99_itl_ms"]) == (p50 * 1e3, p90 * 1e3, p99 * 1e3)
+        assert std * 1e3 == pytest.approx(st["std_itl_ms"], rel=1e-9, abs=1e-12)
+
+
+def test_bench_fusion_quick_reports_both_engines() -> None:
+    """`specrack bench --fusion ab --quick` (tiny here): both engines timed on each workload, with
+    the ratios, steps/s and peak memory, on the same steps and results."""
+    from experiments.bench import fusion_bench
+
+    out = fusion_bench("ab", quick=True, quick_requests=120)
+    for name in "ab":
+        p = out[name]
+        assert p["measured_requests"] == 120 and p["speedup"] > 0 and p["speedup_cpu"] > 0
+        assert p["fused"]["steps"] == p["unfused"]["steps"] and p["e2e_mean_rel_diff"] < 1e-9
+        assert p["fused"]["steps_per_s"] > 0 and p["fused"]["peak_rss_mib"] > 0
+    assert out["a"]["steps_per_row"] > 1 and out["b"]["steps_per_row"] == 1  # speculative runs keep a row per step
+
+
+# ----------------------------------------------------------------------------- speculation meets the rest
+
+
+def test_speculative_fusion_with_prefix_caching_is_exact(make_scenario, spec_run_counter) -> None:
+    """Fused speculative runs only take blocks from `free_blocks` (free + evictable cached ones), so
+    with a prefix cache in the pool (multi-turn conversations) they are still the unfused engine."""
+    conv = {"turns": 3, "turn_gap_s": {"dist": "fixed", "value": 20.0},
+            "growth_tokens": {"dist": "fixed", "value": 64}}
+    sc = make_scenario(speculative=_DRAFT, workload={"rate_rps": 3.0, "duration_s": 40.0, "warmup_s": 3.0,
+                                                      "conversations": conv})
+    on, off = _both(sc)
+    assert on.summary["cache_hit_rate"] > 0.2 and spec_run_counter["steps"] > 0
+    _same_requests(off.requests, on.requests)
+    _same_steps(off.steps, on.steps)
+    _same_kv(off.steps, on.steps)
+
+
+def test_follow_load_speculation_fuses_exactly(spec_run_counter) -> None:
+    """speculative.policy = "follow_load": its switches happen at ticks that are fusion cuts, and a
+    run priced while switched off has no machinery overhead, as the ordinary step."""
+    from test_day import _day
+
+    data = _day(12.0, 0.5, workload={"duration_s": 240.0, "rate_profile": {"shape": "diurnal", "peak_rps": 12.0,
+                                                                          "trough_rps": 0.5, "day_s": 240.0}},
+                speculative={**_DRAFT, "policy": "follow_load", "load_off_above": 0.45, "load_on_below": 0.35,
+                             "load_interval_s": 20.0},
+                sim={"interval_s": 30.0})
+    on = simulate(scenario_from_dict(data), 1)
+    off = simulate(scenario_from_dict({**data, "sim": {**data["sim"], "fuse_steps": False}}), 1)
+    switches = on.requests.attrs.get("follow_load") or on.summary.get("speculation_switches")
+    assert spec_run_counter["steps"] > 0
+    _same_requests(off.requests, on.requests)
+    _same_steps(off.steps, on.steps)
+    assert (on.steps.k == 0).any() and (on.steps.k > 0).any(), switches  # it did switch off and on
+
+
+@pytest.mark.parametrize("spec", [
+    {"method": "tree", "num_speculative_tokens": 3, "tree_branching": [2, 2, 1]},
+    {"method": "self_spec", "num_speculative_tokens": 3},
+], ids=["tree", "self_spec"])
+def test_general_speculation_methods_are_not_fused(make_scenario, spec_run_counter, spec) -> None:
+    """Trees, depth profiles, windowed self-drafts and suffix matches price steps on the general path,
+    which `_spec_cost_many` does not reproduce: they run step by step (still exact, trivially)."""
+    sc = make_scenario(speculative=spec, workload={"rate_rps": 1.0, "duration_s": 15.0})
+    res = simulate(sc, 1)
+    assert spec_run_counter["runs"] == 0 and (res.steps["count"] == 1).all()
