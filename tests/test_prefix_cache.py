@@ -142,16 +142,20 @@ class _Audit:
         self.checks += 1
 
 
-@pytest.mark.parametrize("engine", ["vllm-v1", "trtllm", "vllm-0.6", "vllm-v1+draft"])
+_SPECS = {"draft": {"method": "draft_model", "draft_model": "llama-3.2-1b", "num_speculative_tokens": 3},
+          "tree": {"method": "tree", "num_speculative_tokens": 3, "tree_branching": [3, 2, 1]}}
+
+
+@pytest.mark.parametrize("engine", ["vllm-v1", "trtllm", "vllm-0.6", "vllm-v1+draft", "vllm-v1+tree"])
 def test_accounting_and_token_invariant_under_kv_pressure(make_scenario, monkeypatch, engine: str) -> None:
     """Conversations on a 4000-token KV cache: preemptions and evictions happen, the pool always adds
     up, and for every request cached + computed prefill tokens = its prompt, or, once preempted,
     what its admissions prefilled (what it got to before each preemption, then prompt + output so
     far again)."""
     audit = _Audit(monkeypatch)
-    spec = ({"speculative": {"method": "draft_model", "draft_model": "llama-3.2-1b", "num_speculative_tokens": 3}}
-            if engine.endswith("+draft") else {})
-    sc = make_scenario(deployment={"engine": engine.removesuffix("+draft"), "max_num_seqs": 16}, **spec,
+    name, _, method = engine.partition("+")
+    spec = {"speculative": _SPECS[method]} if method else {}
+    sc = make_scenario(deployment={"engine": name, "max_num_seqs": 16}, **spec,
                        workload={"rate_rps": 5.0, "duration_s": 40.0, "conversations": CONV,
                                  "prompt_tokens": {"dist": "lognormal", "median": 300, "p90": 900, "max": 2000},
                                  "output_tokens": {"dist": "lognormal", "median": 100, "p90": 300, "max": 600}},
