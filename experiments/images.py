@@ -70,14 +70,13 @@ def static_png(fig: Any, width: int = 1000, height: int | None = None) -> bytes 
         return None
 
 
-def show(fig: Any, width: int = 1000) -> bool:
+def show(fig: Any, width: int = 1000) -> None:
     """Show a figure in a notebook twice: interactive (plotly's mimetype: JupyterLab, VS Code) and
     as a static PNG beside it, so the notebook also renders on GitHub and nbviewer. Without Kaleido
-    (the `images` extra) only the interactive figure is shown. True when a PNG was embedded."""
+    (the `images` extra) only the interactive figure is shown."""
     from IPython.display import Image, display
 
     fig.show(renderer="plotly_mimetype")
     png = static_png(fig, width)
     if png is not None:
         display(Image(data=png, format="png", width=width))
-    return png is not None

@@ -1245,6 +1245,7 @@ def main_plan(a: Any) -> int:
     points = str(out / "points")
     clean(points)
     kept = count(points)
+    print(f"reading {a.plan_file}: checking it and measuring each strategy's capacity per replica...", file=sys.stderr)
     spec = load_plan(a.plan_file, quick=a.quick, points=points)
     out.mkdir(parents=True, exist_ok=True)
     print(f"plan '{spec.name}'{' (--quick)' if a.quick else ''}:", file=sys.stderr)
@@ -1292,7 +1293,8 @@ def run_tables(spec: PlanSpec, jobs: int | None = None, analyses: bool = True) -
 
 def print_ranked(df: pd.DataFrame, spec: PlanSpec | None = None) -> None:
     """The ranked table: each option's configuration, each SLO target's value (its percentile),
-    the binding check by name, and its monthly cost split ($/month) and $ per million output tokens."""
+    the binding check by name, its monthly cost split ($/month), $ per million output tokens and
+    its headroom (max rps: the highest req/s the rack serves within the SLO)."""
     if spec is not None:
         b = spec.base
         print(f"model {b.deployment.model} ({b.deployment.weights} weights, {b.deployment.kv_cache} KV), engine "
@@ -1302,7 +1304,8 @@ def print_ranked(df: pd.DataFrame, spec: PlanSpec | None = None) -> None:
     heads = [f"{c.split('_')[0].upper()} {c.split('_')[1]}" for c in checks]
     print(f"{'rank':>4} {'strategy':<20} {'gpu':<9} {'TP':>2} {'MBT':>5} {'seqs':>4} {'k':>2} {'reps':>4} {'GPUs':>5} "
           + " ".join(f"{h:>9}" for h in heads)
-          + f" {'serving $/mo':>12} {'power $/mo':>10} {'total $/mo':>12} {'$/Mtok':>7} {'q tail':>6}  floor  binding")
+          + f" {'serving $/mo':>12} {'power $/mo':>10} {'total $/mo':>12} {'$/Mtok':>7} {'q tail':>6} {'max rps':>7}  floor"
+          "  binding")
     for i, r in df.iterrows():
         if not r.feasible:
             print(f"{i + 1:>4} {r.strategy:<20} {r.gpu:<9}  infeasible: {r.get('reason', '')}")
@@ -1311,10 +1314,13 @@ def print_ranked(df: pd.DataFrame, spec: PlanSpec | None = None) -> None:
         b = r.get("binding_slo")
         binding = f"{b} ({r[f'slo_{b}_value'] / r[f'slo_{b}_target']:.0%} of target)" if isinstance(b, str) and b else "-"
         k = "-" if r.get("k") is None or r.get("k") != r.get("k") else f"{int(r.k)}"
+        h = r.get("headroom_rps")
+        hr = "-" if h is None or h != h else f"{float(h):.2f}"
         print(f"{i + 1:>4} {r.strategy:<20} {r.gpu:<9} {int(r.tp):>2} {int(r.max_num_batched_tokens):>5} "
               f"{int(r.max_num_seqs):>4} {k:>2} {int(r.replicas):>4} {int(r.billed_gpus):>5} {vals} "
               f"{r.serving_usd_per_month:>12,.0f} {r.power_usd_per_month:>10,.0f} {r.total_usd_per_month:>12,.0f} "
-              f"{r.usd_per_mtok_at_slo:>7.2f} {r.quality_tail:>6.3f}  {'pass' if r.passes_quality_floor else 'FAIL'}   {binding}")
+              f"{r.usd_per_mtok_at_slo:>7.2f} {r.quality_tail:>6.3f} {hr:>7}  {'pass' if r.passes_quality_floor else 'FAIL'}"
+              f"   {binding}")
 
 
 def _fmt_s(v: float) -> str:

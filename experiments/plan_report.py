@@ -153,7 +153,8 @@ def pareto_chart(configs: pd.DataFrame) -> go.Figure:
                              line={"color": "#222", "dash": "dash", "shape": "hv"}))
     fig.update_layout(template="plotly_white", height=460,
                       title="Configurations: monthly cost vs rack capacity (passing racks; frontier dashed)",
-                      xaxis_title="rack capacity (req/s, replicas x capacity per replica)", yaxis_title="total cost ($/month)")
+                      xaxis_title="rack capacity (req/s, replicas x capacity per replica)", yaxis_title="total cost ($/month)",
+                      yaxis_rangemode="tozero")
     return fig
 
 
@@ -203,7 +204,8 @@ def quality_chart(plan: pd.DataFrame, floor: float) -> go.Figure:
                   annotation_position="bottom right")
     fig.update_layout(template="plotly_white", height=440,
                       title="Quality vs cost (circle: in-distribution, triangle: tail; relative to the BF16 teacher)",
-                      xaxis_title="total cost at the SLO ($/month)", yaxis_title="quality (share of the teacher's)")
+                      xaxis_title="total cost at the SLO ($/month)", yaxis_title="quality (share of the teacher's)",
+                      xaxis_rangemode="tozero")
     return fig
 
 
@@ -392,7 +394,7 @@ def verdict_html(spec: Any, plan: pd.DataFrame) -> str:
         second = (f" Runner-up: {html.escape(str(s2.strategy))} on {int(s2.gpus)}x {html.escape(str(s2.gpu))}, "
                   f"{_usd(s2.total_usd_per_month)}/month ({s2.total_usd_per_month / r.total_usd_per_month - 1:+.0%}).")
     return (f"Recommended: <b>{html.escape(str(r.strategy))}</b> on <b>{int(r.gpus)}x {html.escape(str(r.gpu))}</b> "
-            f"({int(r.replicas)} replicas, {_config(r)}), <b>{_usd(r.total_usd_per_month)}/month</b> "
+            f"({int(r.replicas)} replica{'s' if int(r.replicas) != 1 else ''}, {_config(r)}), <b>{_usd(r.total_usd_per_month)}/month</b> "
             f"({html.escape(str(r.cost_mode))}), {_usd(r.usd_per_mtok_at_slo, 2)} per million output tokens; "
             f"binding: {binding_text(r)}.{room}{second}")
 
