@@ -156,6 +156,7 @@ class PlanSpec:
     search: SearchSpec = dataclasses.field(default_factory=lambda: SearchSpec(configurations=False))
     cost: CostSpec = dataclasses.field(default_factory=CostSpec)
     points: str | None = None  # OUT/points: finished simulations kept for a resumed run (experiments.plan_store)
+    progress: bool = False  # progress bars with an ETA on stderr (`specrack plan`; off in the API and notebooks)
 
     def inputs(self) -> dict[str, str]:
         """The effective inputs, for the terminal header and the report."""
@@ -865,7 +866,6 @@ def search_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, prune: bool =
         cands.append((lb_usd, per, len(cands), sc_s, cap, base_row))
     cands.sort(key=lambda c: c[:3])
     best: dict[str, Any] | None = None
-    best_s = s
     for lb_usd, _, _, sc_s, cap_or_none, base_row in cands:
         best_usd = (best["serving_usd_per_month"] + best["power_usd_per_month"]) if best else math.inf
         if prune and lb_usd > best_usd:
@@ -876,7 +876,7 @@ def search_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, prune: bool =
         ok = bool(row["feasible"])
         configs.append({**base_row, **row, "status": "passes" if ok else "fails"})
         if ok and (best is None or _cost_key(row) < _cost_key(best)):
-            best, best_s = row, sc_s
+            best = row
     if best is None:
         sim = [c for c in configs if c["status"] == "fails"]
         first = (sim or configs)[0] if (sim or configs) else {"reason": "no configuration"}
@@ -887,7 +887,7 @@ def search_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, prune: bool =
                                                                        if len(configs) > 1 else ""),
                 "evaluations": sum(int(c.get("evaluations", 0) or 0) for c in configs)}
     else:
-        best = {**best, **headroom(spec, best_s, gpu, best), "configurations_searched": len(configs),
+        best = {**best, "configurations_searched": len(configs),
                 "configurations_simulated": sum(c["status"] in ("passes", "fails") for c in configs),
                 "evaluations": sum(int(c.get("evaluations", 0) or 0) for c in configs)}
     return {"row": best, "configs": configs}
@@ -942,6 +942,7 @@ def _map(fn: Any, tasks: list[tuple[Any, ...]], jobs: int | None, label: str = "
 
 
 HEADROOM_TOL = 0.03  # the headroom bisection stops when the passing and failing rates are within 3%
+HEADROOM_TOP = 3  # headroom is measured for the best ranked options (each costs ~5 simulations above the plan's rate)
 
 
 def headroom(spec: PlanSpec, s: Strategy, gpu: str, row: dict[str, Any]) -> dict[str, Any]:
@@ -987,7 +988,16 @@ def run_search(spec: PlanSpec, jobs: int | None = None, prune: bool = True,
     if len(configs):
         configs["cost_mode"] = spec.cost.mode
         configs["pareto"] = pareto(configs)
-    return rank(pd.DataFrame([f["row"] for f in found])), configs
+    ranked = rank(pd.DataFrame([f["row"] for f in found]))
+    if "feasible" in ranked and ranked.feasible.astype(bool).any():  # the headroom of the leading options' racks
+        top = ranked[ranked.feasible.astype(bool)].head(HEADROOM_TOP)
+        by_name = {x.name: x for x in spec.strategies}
+        htasks: list[tuple[Any, ...]] = [(spec, configured(by_name[r.strategy], spec.base, row_config(r)), r.gpu, r.to_dict())
+                                         for _, r in top.iterrows()]
+        for i, h in zip(top.index, _map(headroom, htasks, jobs, "headroom" if label else ""), strict=True):
+            for k, v in h.items():
+                ranked.loc[i, k] = v
+    return ranked, configs
 
 
 def run_plan(spec: PlanSpec, jobs: int | None = None) -> pd.DataFrame:
@@ -1022,7 +1032,7 @@ def capacity_curves(spec: PlanSpec, answer: pd.DataFrame, jobs: int | None = Non
             chosen = configured(s, spec.base, row_config(hit.iloc[0])) if found else s  # the plan's configuration
             for m in spec.curve_multipliers:
                 tasks.append((spec, chosen, g, spec.rate_rps * m, max(1, round(base_rep * m))))
-    rows = _map(plan_row, tasks, jobs, "capacity curves")
+    rows = _map(plan_row, tasks, jobs, "capacity curves" if spec.progress else "")
     df = pd.DataFrame(rows)
     df["traffic_multiplier"] = df.rate_rps / spec.rate_rps
     return df
@@ -1077,7 +1087,7 @@ def decision_map(spec: PlanSpec, jobs: int | None = None, gpu: str | None = None
                     chosen, reps, rate0 = _chosen(spec, answer, s, gpu)
                     start = max(1, round(reps * u * cap / rate0))
                     tasks.append((spec, s.name, chosen, gpu, u, a, u * cap, start))
-    return pd.DataFrame(_map(_map_cell, tasks, jobs, "decision map"))
+    return pd.DataFrame(_map(_map_cell, tasks, jobs, "decision map" if spec.progress else ""))
 
 
 def _map_cell(spec: PlanSpec, name: str, s: Strategy, gpu: str, u: float, a: float, rate: float,
@@ -1133,7 +1143,7 @@ def sensitivity(spec: PlanSpec, answer: pd.DataFrame, curves: pd.DataFrame | Non
         s = configured(next(x for x in spec.strategies if x.name == r.strategy), spec.base, row_config(r))
         for a in spec.map_acceptance:
             tasks.append((with_acceptance(spec, a), s, r.gpu, spec.rate_rps, int(r.replicas)))
-    found = _map(plan_row, tasks, jobs, "sensitivity") if tasks else []
+    found = _map(plan_row, tasks, jobs, "sensitivity" if spec.progress else "") if tasks else []
     i = 0
     for _, r in ok.iterrows():
         base_row = {"strategy": r.strategy, "gpu": r.gpu}
@@ -1187,7 +1197,7 @@ def acceptance_shift(spec: PlanSpec, jobs: int | None = None) -> pd.DataFrame:
             classes = [dict(head[0].model_dump(mode="json"), share=1.0 - share), dict(tail[0].model_dump(mode="json"), share=share)]
         for s in runnable:
             tasks.append((base, s, classes, cap.rps * spec.shift_utilisation, spec.seeds, share, spec.traffic, spec.points))
-    rows = pd.DataFrame(_map(_shift_cell, tasks, jobs, "acceptance shift"))
+    rows = pd.DataFrame(_map(_shift_cell, tasks, jobs, "acceptance shift" if spec.progress else ""))
     ref = rows[rows.strategy == runnable[0].name].set_index("tail_share").tpot_mean_s
     rows["speedup"] = rows.tail_share.map(ref) / rows.tpot_mean_s
     return rows
@@ -1246,7 +1256,7 @@ def main_plan(a: Any) -> int:
     clean(points)
     kept = count(points)
     print(f"reading {a.plan_file}: checking it and measuring each strategy's capacity per replica...", file=sys.stderr)
-    spec = load_plan(a.plan_file, quick=a.quick, points=points)
+    spec = dataclasses.replace(load_plan(a.plan_file, quick=a.quick, points=points), progress=True)
     out.mkdir(parents=True, exist_ok=True)
     print(f"plan '{spec.name}'{' (--quick)' if a.quick else ''}:", file=sys.stderr)
     for k, v in spec.inputs().items():

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from experiments.plan import CAP_SLACK, HEADROOM_TOL
+from experiments.plan import CAP_SLACK, HEADROOM_TOL, HEADROOM_TOP
 from experiments.report import colour_of, log_axis
 
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
@@ -391,8 +391,11 @@ def verdict_html(spec: Any, plan: pd.DataFrame) -> str:
     second = ""
     if len(best) > 1:
         s2 = best.iloc[1]
+        same = abs(s2.total_usd_per_month / r.total_usd_per_month - 1) < 5e-3
         second = (f" Runner-up: {html.escape(str(s2.strategy))} on {int(s2.gpus)}x {html.escape(str(s2.gpu))}, "
-                  f"{_usd(s2.total_usd_per_month)}/month ({s2.total_usd_per_month / r.total_usd_per_month - 1:+.0%}).")
+                  f"{_usd(s2.total_usd_per_month)}/month ("
+                  + ("the same cost: choose on headroom, latency and quality" if same
+                     else f"{s2.total_usd_per_month / r.total_usd_per_month - 1:+.0%}") + ").")
     return (f"Recommended: <b>{html.escape(str(r.strategy))}</b> on <b>{int(r.gpus)}x {html.escape(str(r.gpu))}</b> "
             f"({int(r.replicas)} replica{'s' if int(r.replicas) != 1 else ''}, {_config(r)}), <b>{_usd(r.total_usd_per_month)}/month</b> "
             f"({html.escape(str(r.cost_mode))}), {_usd(r.usd_per_mtok_at_slo, 2)} per million output tokens; "
@@ -431,7 +434,7 @@ def write_plan_report(spec: Any, tables: dict[str, pd.DataFrame], out: str | Pat
 <h2>Ranked options</h2>
 <p class="caption">Cheapest first among those meeting the SLO and the quality floor. Latencies are the worst seed's
 percentiles at the plan's traffic; headroom is the highest traffic the same rack still serves within the SLO (found by
-simulation, within {100 * HEADROOM_TOL:.0f}%); the binding constraint is the SLO check nearest its target. Every
+simulation, within {100 * HEADROOM_TOL:.0f}%, for the {HEADROOM_TOP} best options); the binding constraint is the SLO check nearest its target. Every
 figure is in plan.csv.</p>
 {ranked_table_html(plan, spec.quality_floor_tail)}
 {configs_part}
