@@ -265,7 +265,7 @@ def ranked_table_html(plan: pd.DataFrame, floor: float) -> str:
             continue
         nodes = int(r.get("nodes", 0) or 0)
         rack = (f"{int(r.replicas)} x {int(r.gpus_per_replica)} = {int(r.gpus)} GPUs"
-                + (f"<br>{nodes} nodes, {int(r.billed_gpus)} GPUs billed" if nodes else "")
+                + (f"<br>{nodes} node{'s' if nodes != 1 else ''}, {int(r.billed_gpus)} GPUs billed" if nodes else "")
                 + (" (n+1)" if r.get("redundancy") == "n+1" else ""))
         hr = float(r.get("headroom_rps", float("nan")))
         fail = float(r.get("headroom_fail_rps", float("nan")))

@@ -26,9 +26,9 @@ PALETTE = ("#1f77b4", "#d62728", "#ff7f0e", "#9467bd", "#2ca02c", "#17becf", "#8
 # strategies by name, any other name by a hash of it (the same name, the same colour, everywhere)
 STRATEGY_COLOURS = {"baseline": "#1f77b4", "draft-1b": "#d62728", "draft-1b-adaptive": "#ff7f0e", "eagle": "#9467bd",
                     "distilled-8b": "#2ca02c", "distilled-8b+draft-1b": "#17becf", "fp8": "#8c564b",
-                    "fp8+draft-1b": "#e377c2"}
-OTHER_COLOURS = ("#bcbd22", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354",
-                 "#756bb1")
+                    "fp8+draft-1b": "#e377c2", "ngram": "#bcbd22"}
+OTHER_COLOURS = ("#7f7f7f", "#637939", "#8c6d31", "#843c39", "#7b4173", "#e6550d", "#17375e", "#ff9896", "#c49c94",
+                 "#000000")  # none of them close to a built-in strategy's
 NONE_COLOUR = "#d9d9d9"  # "no strategy passes": grey, never a strategy's colour
 
 
