@@ -218,9 +218,10 @@ def figures(runs: list[Run], table: pd.DataFrame) -> list[tuple[str, Any]]:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from experiments.report import PALETTE
+    from experiments.report import colour_of
 
     dashes = ("solid", "dash", "dot", "dashdot", "longdash")
+    patterns = ("", "/", "x", ".", "+")
     out = []
     if runs[0].kind == "sweep":
         figs = [f for f in (*SWEEP_FIGURES, SPEEDUP_FIGURE) if any(f"{f[0]} [{r.label}]" in table for r in runs)]
@@ -228,11 +229,11 @@ def figures(runs: list[Run], table: pd.DataFrame) -> list[tuple[str, Any]]:
         variants = list(dict.fromkeys(table.variant))
         for j, (col, _, scale) in enumerate(figs):
             for i, r in enumerate(runs):
-                for k, v in enumerate(variants):
+                for v in variants:
                     part = table[table.variant == v].sort_values("load")
                     fig.add_trace(go.Scatter(x=part.load, y=part[f"{col} [{r.label}]"] * scale, mode="lines+markers",
                                              name=f"{v} [{r.label}]", legendgroup=f"{v} [{r.label}]", showlegend=j == 0,
-                                             line={"color": PALETTE[k % len(PALETTE)], "dash": dashes[i % len(dashes)]}),
+                                             line={"color": colour_of(str(v)), "dash": dashes[i % len(dashes)]}),
                                   row=1, col=j + 1)
             fig.update_xaxes(title_text=str(table.axis.iloc[0]) if len(table) else "load", row=1, col=j + 1)
         fig.update_layout(title="sweeps side by side (line style = run)", height=480)
@@ -244,9 +245,12 @@ def figures(runs: list[Run], table: pd.DataFrame) -> list[tuple[str, Any]]:
             for i, r in enumerate(runs):
                 name = f"{col} [{r.label}]"
                 if name in table:
+                    # colour: the strategy's own (as in every chart); hatching: the run
                     fig.add_trace(go.Bar(x=option, y=pd.to_numeric(table[name], errors="coerce"), name=r.label,
-                                         marker_color=PALETTE[i % len(PALETTE)]))
-            fig.update_layout(title=f"{lab} per strategy / GPU, by run", barmode="group", height=420)
+                                         marker={"color": [colour_of(str(v)) for v in table.strategy],
+                                                 "pattern": {"shape": patterns[i % len(patterns)]}}))
+            fig.update_layout(title=f"{lab} per strategy / GPU, by run (hatching = run)", barmode="group", height=420,
+                              xaxis_title="strategy / GPU", yaxis_title=lab)
             out.append((col, fig))
     return out
 

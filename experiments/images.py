@@ -51,6 +51,32 @@ def plan_images(out: Path, formats: list[str]) -> list[Path]:
 
     from experiments.plan_report import plan_figures
 
-    tables = {k: pd.read_csv(out / f"{k}.csv") for k in ("curves", "map", "shift", "retraining")
+    tables = {k: pd.read_csv(out / f"{k}.csv") for k in ("plan", "configs", "curves", "map", "shift", "retraining",
+                                                          "sensitivity")
               if (out / f"{k}.csv").is_file() and (out / f"{k}.csv").stat().st_size > 1}
     return write_images(plan_figures(tables), out, formats, "report")
+
+
+def static_png(fig: Any, width: int = 1000, height: int | None = None) -> bytes | None:
+    """The figure as PNG bytes through Kaleido, or None when Kaleido is missing or cannot run
+    (no Chrome for Kaleido 1.x, say): callers then show the interactive figure only."""
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        return None
+    try:
+        return bytes(fig.to_image(format="png", width=width, height=height or fig.layout.height or 500))
+    except Exception:  # Kaleido present but unable to export: degrade, never fail a notebook
+        return None
+
+
+def show(fig: Any, width: int = 1000) -> None:
+    """Show a figure in a notebook twice: interactive (plotly's mimetype: JupyterLab, VS Code) and
+    as a static PNG beside it, so the notebook also renders on GitHub and nbviewer. Without Kaleido
+    (the `images` extra) only the interactive figure is shown."""
+    from IPython.display import Image, display
+
+    fig.show(renderer="plotly_mimetype")
+    png = static_png(fig, width)
+    if png is not None:
+        display(Image(data=png, format="png", width=width))

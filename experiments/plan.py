@@ -39,13 +39,13 @@ import pandas as pd
 
 from experiments.plan_cost import COST_KEYS, CostSpec, monthly_cost, parse_cost
 from experiments.plan_day import DAY_KEYS, DaySpec, day_traffic, parse_day
+from experiments.plan_store import capacity_of, summary
 from experiments.sweep import Variant, check_distinct, default_sweep_path, parse_variant
 from models.catalog import GPUS, get_gpu
 from models.engines import get_profile, resolve
 from models.errors import ConfigError, unknown
 from sim.deployment import build_runtime, gpus_per_replica
 from sim.scenario import SLO_KEYS, Scenario, gpu_name, load_scenario, read_toml, slo_key_hint
-from sim.simulate import simulate
 from sim.traces import load_trace, trace_rate_rps
 
 CAP_SLACK = 0.10  # the capacity bound on replicas allows 10% for the capacity's measurement noise
@@ -157,6 +157,8 @@ class PlanSpec:
     warnings: tuple[str, ...] = ()
     search: SearchSpec = dataclasses.field(default_factory=lambda: SearchSpec(configurations=False))
     cost: CostSpec = dataclasses.field(default_factory=CostSpec)
+    points: str | None = None  # OUT/points: finished simulations kept for a resumed run (experiments.plan_store)
+    progress: bool = False  # progress bars with an ETA on stderr (`specrack plan`; off in the API and notebooks)
 
     def inputs(self) -> dict[str, str]:
         """The effective inputs, for the terminal header and the report."""
@@ -358,8 +360,10 @@ def _resolve_traffic(d: dict[str, Any], p: Path) -> tuple[Traffic, float, float]
     return tr, dur, warm
 
 
-def load_plan(path: str | Path, quick: bool = False) -> PlanSpec:
-    """Read and validate a plan file; one-line ConfigErrors name the field and the fix."""
+def load_plan(path: str | Path, quick: bool = False, points: str | Path | None = None) -> PlanSpec:
+    """Read and validate a plan file; one-line ConfigErrors name the field and the fix. `points`:
+    a folder keeping every finished simulation, so that a rerun resumes (see plan_store)."""
+    pts = None if points is None else str(points)
     p = Path(path)
     d = read_toml(p, "plan")
     _check_keys(d, p.name, TOP_KEYS)
@@ -439,7 +443,7 @@ def load_plan(path: str | Path, quick: bool = False) -> PlanSpec:
         raise ConfigError(f"search.seeds: lists a seed twice: {seeds!r}")
     strategies = _strategies(d)
     not_applicable = _applicability(p.name, base, strategies, gpus, prices, tr)
-    _check_reachable(p.name, base, strategies, gpus, prices, tr.headline_rps, max_gpus, not_applicable)
+    _check_reachable(p.name, base, strategies, gpus, prices, tr.headline_rps, max_gpus, not_applicable, pts)
     floor = _num(q, "floor_tail", "quality", 0.0, lo=0, hi=1)
     search_spec = _search_spec(search)
     cost = parse_cost(d["cost"], gpus, search_spec.gpus_per_node)
@@ -458,7 +462,7 @@ def load_plan(path: str | Path, quick: bool = False) -> PlanSpec:
         shift_tail_shares=_nums(a, "shift_tail_shares", [0.0, 0.2, 0.4, 0.6], lo=0, hi=0.999),
         shift_utilisation=_num(a, "shift_utilisation", "analyses", 0.5, lo=0, lo_open=True, hi=5),
         traffic=tr, not_applicable=not_applicable, expected_requests=expected, warnings=tuple(warnings),
-        search=search_spec, cost=cost, day=day,
+        search=search_spec, cost=cost, day=day, points=pts,
     )
 
 
@@ -602,10 +606,8 @@ def builtin_strategies() -> dict[str, Strategy]:
 
 def _check_reachable(name: str, base: Scenario, strategies: list[Strategy], gpus: tuple[str, ...],
                      prices: dict[str, float], rate: float, max_gpus: int,
-                     not_applicable: dict[tuple[str, str], str] | None = None) -> None:
+                     not_applicable: dict[tuple[str, str], str] | None = None, points: str | None = None) -> None:
     """Refuse a traffic no allowed rack can carry for any strategy (by measured capacity)."""
-    from sim.simulate import capacity
-
     best = 0.0
     for g in gpus:
         for s in strategies:
@@ -615,7 +617,7 @@ def _check_reachable(name: str, base: Scenario, strategies: list[Strategy], gpus
             per = gpus_per_replica(one)
             if per > max_gpus:
                 continue
-            best = max(best, capacity(one, speculative=True).rps * (max_gpus // per))
+            best = max(best, capacity_of(one, points, speculative=True).rps * (max_gpus // per))
     if rate > best:
         raise ConfigError(f"{name}: traffic {rate:.1f} req/s exceeds what {max_gpus} GPUs can serve with any strategy "
                           f"(at most {best:.1f} req/s at saturation); raise search.max_gpus or lower traffic.rate_rps")
@@ -647,11 +649,30 @@ def _scenario(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], r
     return sc.with_overrides(over)
 
 
-def evaluate(sc: Scenario, seeds: tuple[int, ...]) -> dict[str, Any]:
+EXTEND = 3.0  # a run too short to judge is rerun once with a measured window this many times longer
+
+
+def _longer(sc: Scenario) -> Scenario | None:
+    """The run with its measured window EXTEND times longer (None for a trace window, a closed
+    loop or a fixed request count, whose length is the input's own)."""
+    wl = sc.workload
+    if wl.replays_trace or wl.closed or wl.num_requests is not None:
+        return None
+    return sc.with_overrides({"workload.duration_s": wl.warmup_s + EXTEND * (wl.duration_s - wl.warmup_s)})
+
+
+def evaluate(sc: Scenario, seeds: tuple[int, ...], points: str | None = None) -> dict[str, Any]:
     """Simulate a rack over seeds; it meets the SLO only if every seed's run is stable and meets
-    every target (`slo_met`). The summary kept is the worst seed's: failing first, then the one
-    closest to (or furthest over) its binding target."""
-    rows = [simulate(sc, seed).summary for seed in seeds]
+    every target (`slo_met`). A run whose verdict is 'insufficient' (too short to judge stability
+    near capacity, where requests take longer to settle) is rerun once EXTEND times longer and
+    judged on that run, as a long run would judge it; if it is still insufficient it fails. The
+    summary kept is the worst seed's: failing first, then the one closest to (or furthest over)
+    its binding target. `points`: see plan_store."""
+    rows = []
+    for seed in seeds:
+        sm = summary(sc, seed, points)
+        longer = _longer(sc) if sm["verdict"] == "insufficient" else None
+        rows.append(summary(longer, seed, points) if longer is not None else sm)
     worst = max(rows, key=lambda r: (not r["slo_met"], _binding(r)[1]))
     return {"meets_slo": all(r["slo_met"] for r in rows), "summary": worst}
 
@@ -667,7 +688,7 @@ def _binding(sm: dict[str, Any]) -> tuple[str, float]:
 
 def min_rack(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], rate: float, max_gpus: int,
              seeds: tuple[int, ...], teacher_updates: float, start: int = 1, *,
-             traffic: Traffic | None = None, floor: int = 1) -> dict[str, Any]:
+             traffic: Traffic | None = None, floor: int = 1, points: str | None = None) -> dict[str, Any]:
     """Smallest replica count >= floor meeting the SLO at this rate: from `start` (a guess),
     doubling until a run passes, then down to the minimum (the count below it is simulated and
     fails, unless it is below `floor`)."""
@@ -681,7 +702,7 @@ def min_rack(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], ra
 
     def ok(r: int) -> bool:
         if r not in cache:
-            cache[r] = evaluate(_scenario(base, s, gpu, prices, r, rate, teacher_updates, traffic=traffic), seeds)
+            cache[r] = evaluate(_scenario(base, s, gpu, prices, r, rate, teacher_updates, traffic=traffic), seeds, points)
         return cache[r]["meets_slo"]
 
     lo, hi = floor - 1, max(floor, min(start, max_rep))  # lo fails (or is not allowed), hi to be tested
@@ -748,8 +769,6 @@ def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
              teacher_updates: float | None = None, *, cap_rps: float | None = None) -> dict[str, Any]:
     """The planning answer for one strategy (one configuration) on one GPU type at one traffic
     rate, keeping the plan's rack rules (min_replicas, max_utilisation, n+1, whole nodes)."""
-    from sim.simulate import capacity
-
     tu = spec.teacher_updates_per_month if teacher_updates is None else teacher_updates
     engine = resolve(str(s.overrides.get("deployment.engine", spec.base.deployment.engine)))
     row: dict[str, Any] = {"strategy": s.name, "gpu": gpu, "engine_profile": engine, "rate_rps": rate}
@@ -769,13 +788,13 @@ def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
                 "reason": f"not applicable: a replica of {per} GPUs straddles nodes of {rules.gpus_per_node}"}
     floor = rules.min_replicas
     if cap_rps is None and rules.max_utilisation is not None:
-        cap_rps = capacity(one, speculative=True).rps
+        cap_rps = capacity_of(one, spec.points, speculative=True).rps
     if cap_rps is not None:
         floor, bound = replica_bounds(spec, cap_rps, rate)
         start = max(start, bound)
     extra = 1 if rules.redundancy == "n+1" else 0
     r = min_rack(spec.base, s, gpu, spec.prices, rate, spec.max_gpus - extra * per, spec.seeds, tu, start,
-                 traffic=spec.traffic, floor=floor)
+                 traffic=spec.traffic, floor=floor, points=spec.points)
     row.update(feasible=r["feasible"], evaluations=r.get("evaluations", 0))
     if not r["feasible"]:
         row["reason"] = r["reason"] + (" (one replica kept for n+1)" if extra else "")
@@ -784,7 +803,8 @@ def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
     row["minimal_replicas"] = replicas
     if extra:  # n+1: the rack that meets the SLO with one replica down; its own run is reported
         replicas += 1
-        ev = evaluate(_scenario(spec.base, s, gpu, spec.prices, replicas, rate, tu, traffic=spec.traffic), spec.seeds)
+        ev = evaluate(_scenario(spec.base, s, gpu, spec.prices, replicas, rate, tu, traffic=spec.traffic), spec.seeds,
+                      spec.points)
         sm = ev["summary"]
         row["evaluations"] += 1
     price = sm["usd_per_gpu_hour"]
@@ -793,6 +813,7 @@ def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
         one_fewer_meets_slo=True if extra else r["one_fewer_meets_slo"],
         simulated_rate_rps=sm["offered_rps"], judged_requests=sm["judged_requests"], itl_samples=sm["itl_samples"],
         verdict=sm["verdict"],
+        ttft_p50_s=sm["ttft_s"]["p50"], tpot_p50_s=sm["tpot_s"]["p50"], itl_p50_s=sm["itl_s"]["p50"],
         ttft_p99_s=sm["ttft_s"]["p99"], tpot_p99_s=sm["tpot_s"]["p99"], itl_p99_s=sm["itl_s"]["p99"],
         tpot_mean_s=sm["tpot_s"]["mean"], e2e_p99_s=sm["e2e_s"]["p99"], mfu=sm["mfu"], mean_batch_size=sm["mean_batch_size"],
         gpu_busy_fraction=sm["gpu_busy_fraction"], throughput_tok_s=sm["throughput_tok_s"],
@@ -843,8 +864,6 @@ def grid(spec: PlanSpec, s: Strategy, gpu: str, rate: float) -> list[dict[str, i
 def search_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, prune: bool = True) -> dict[str, Any]:
     """The cheapest passing configuration of a strategy on a GPU type, and every configuration
     tried (see the module docstring): {"row": ..., "configs": [...]}."""
-    from sim.simulate import capacity
-
     rules = spec.search
     extra = 1 if rules.redundancy == "n+1" else 0
     configs: list[dict[str, Any]] = []
@@ -865,7 +884,7 @@ def search_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, prune: bool =
             configs.append({**base_row, "status": "not applicable",
                             "reason": f"a replica of {per} GPUs straddles nodes of {rules.gpus_per_node}"})
             continue
-        cap = capacity(one, speculative=True).rps
+        cap = capacity_of(one, spec.points, speculative=True).rps
         _, bound = replica_bounds(spec, cap, rate)
         lb = bound + extra
         lb_cost = monthly_cost(spec.cost, gpu, one.rack.usd_per_gpu_hour if one.rack.usd_per_gpu_hour is not None
@@ -928,23 +947,90 @@ def pareto(configs: pd.DataFrame) -> pd.Series:
     return out
 
 
-def _map(fn: Any, tasks: list[tuple[Any, ...]], jobs: int | None) -> list[Any]:
+def _map(fn: Any, tasks: list[tuple[Any, ...]], jobs: int | None, label: str = "") -> list[Any]:
+    """fn over the tasks (in processes when jobs allow), in order; with a label, a progress bar
+    with elapsed time and ETA on stderr. Workers end with the plan's process (killed or not)."""
+    from experiments.sweep import Progress, _die_with_parent
+
+    bar = Progress(len(tasks) if label else 0, label)
     if (jobs or os.cpu_count() or 1) <= 1 or len(tasks) <= 1:
-        return [fn(*t) for t in tasks]
-    with cf.ProcessPoolExecutor(max_workers=jobs or os.cpu_count()) as ex:
-        return list(ex.map(fn, *zip(*tasks, strict=True)))
+        out = []
+        for t in tasks:
+            out.append(fn(*t))
+            bar.step()
+        return out
+    results: dict[int, Any] = {}
+    with cf.ProcessPoolExecutor(max_workers=jobs or os.cpu_count(), initializer=_die_with_parent,
+                                initargs=(os.getpid(),)) as ex:
+        futs = {ex.submit(fn, *t): i for i, t in enumerate(tasks)}
+        try:
+            for fut in cf.as_completed(futs):
+                results[futs[fut]] = fut.result()
+                bar.step()
+        except KeyboardInterrupt:
+            for f in futs:
+                f.cancel()
+            raise
+    return [results[i] for i in range(len(tasks))]
 
 
-def run_search(spec: PlanSpec, jobs: int | None = None, prune: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+HEADROOM_TOL = 0.03  # the headroom bisection stops when the passing and failing rates are within 3%
+HEADROOM_TOP = 3  # headroom is measured for the best ranked options (each costs ~5 simulations above the plan's rate)
+
+
+def headroom(spec: PlanSpec, s: Strategy, gpu: str, row: dict[str, Any]) -> dict[str, Any]:
+    """The headroom of a chosen rack: the highest offered rate (req/s) at which that very rack
+    (same replicas and configuration) still meets the SLO, found by simulation: from the plan's
+    rate (which it passes) double until a run fails (never beyond 4x), then bisect until the
+    passing and failing rates are within HEADROOM_TOL. `headroom_rps` passed, `headroom_fail_rps`
+    failed (inf: it passed even at 4x). Meeting the SLO is taken as monotone in the rate."""
+    replicas, rate = int(row["replicas"]), float(row["rate_rps"])
+    tu = spec.teacher_updates_per_month
+
+    def ok(r: float) -> bool:
+        sc = _scenario(spec.base, s, gpu, spec.prices, replicas, r, tu, traffic=spec.traffic)
+        return bool(evaluate(sc, spec.seeds, spec.points)["meets_slo"])
+
+    lo, hi, runs = rate, math.inf, 0
+    cap = row.get("capacity_rps")
+    guess = float(cap) * (1.0 + CAP_SLACK) if cap is not None and cap == cap and cap > rate else 2.0 * rate
+    while hi == math.inf and lo < 4.0 * rate:
+        trial = min(max(guess, lo * 1.1), 4.0 * rate)
+        runs += 1
+        if ok(trial):
+            lo, guess = trial, 2.0 * trial
+        else:
+            hi = trial
+    while hi < math.inf and hi / lo - 1.0 > HEADROOM_TOL:
+        mid = 0.5 * (lo + hi)
+        runs += 1
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return {"headroom_rps": lo, "headroom_fail_rps": hi, "headroom_share": lo / rate - 1.0, "headroom_evaluations": runs}
+
+
+def run_search(spec: PlanSpec, jobs: int | None = None, prune: bool = True,
+               label: str = "") -> tuple[pd.DataFrame, pd.DataFrame]:
     """(the ranked planning table: one row per strategy x GPU type at the plan's traffic, its
     cheapest passing configuration; every configuration searched, with `pareto`)."""
     tasks = [(spec, s, g, spec.rate_rps, prune) for g in spec.gpus for s in spec.strategies]
-    found = _map(search_row, tasks, jobs)
+    found = _map(search_row, tasks, jobs, label)
     configs = pd.DataFrame([c for f in found for c in f["configs"]])
     if len(configs):
         configs["cost_mode"] = spec.cost.mode
         configs["pareto"] = pareto(configs)
-    return rank(pd.DataFrame([f["row"] for f in found])), configs
+    ranked = rank(pd.DataFrame([f["row"] for f in found]))
+    if "feasible" in ranked and ranked.feasible.astype(bool).any():  # the headroom of the leading options' racks
+        top = ranked[ranked.feasible.astype(bool)].head(HEADROOM_TOP)
+        by_name = {x.name: x for x in spec.strategies}
+        htasks: list[tuple[Any, ...]] = [(spec, configured(by_name[r.strategy], spec.base, row_config(r)), r.gpu, r.to_dict())
+                                         for _, r in top.iterrows()]
+        for i, h in zip(top.index, _map(headroom, htasks, jobs, "headroom" if label else ""), strict=True):
+            for k, v in h.items():
+                ranked.loc[i, k] = v
+    return ranked, configs
 
 
 def run_plan(spec: PlanSpec, jobs: int | None = None) -> pd.DataFrame:
@@ -979,63 +1065,151 @@ def capacity_curves(spec: PlanSpec, answer: pd.DataFrame, jobs: int | None = Non
             chosen = configured(s, spec.base, row_config(hit.iloc[0])) if found else s  # the plan's configuration
             for m in spec.curve_multipliers:
                 tasks.append((spec, chosen, g, spec.rate_rps * m, max(1, round(base_rep * m))))
-    rows = _map(plan_row, tasks, jobs)
+    rows = _map(plan_row, tasks, jobs, "capacity curves" if spec.progress else "")
     df = pd.DataFrame(rows)
     df["traffic_multiplier"] = df.rate_rps / spec.rate_rps
     return df
 
 
-def decision_map(spec: PlanSpec, jobs: int | None = None, gpu: str | None = None) -> pd.DataFrame:
-    """On the base rack: for each (utilisation, acceptance) cell, every strategy's TPOT, whether
-    it meets the SLO and the quality floor, the winner (lowest mean TPOT among those that do) and
-    its margin over the runner-up. Utilisation is relative to the base deployment's capacity."""
-    from sim.simulate import capacity
+def plan_acceptance(base: Scenario) -> float:
+    """The base traffic's mean per-token acceptance (classes weighted by share): the plan's own
+    operating point on the decision map's acceptance axis."""
+    method = base.speculative.method if base.speculative is not None else "draft_model"
+    cl = base.workload.classes
+    vals = [c.acceptance_for(method) if isinstance(c.acceptance, dict) and method in c.acceptance
+            else (float(np.mean(list(c.acceptance.values()))) if isinstance(c.acceptance, dict) else c.acceptance)
+            for c in cl]
+    return float(sum(c.share * v for c, v in zip(cl, vals, strict=True)) / sum(c.share for c in cl))
 
+
+def with_acceptance(spec: PlanSpec, a: float) -> PlanSpec:
+    """The plan with every traffic class's per-token acceptance set to `a`."""
+    classes = [dict(c.model_dump(mode="json"), acceptance=a) for c in spec.base.workload.classes]
+    return dataclasses.replace(spec, base=spec.base.with_overrides({"workload.classes": classes}))
+
+
+def _chosen(spec: PlanSpec, answer: pd.DataFrame | None, s: Strategy, gpu: str) -> tuple[Strategy, int, float]:
+    """(the strategy in its planned configuration, its planned replicas, the plan's rate), or the
+    strategy as configured with one replica when the plan found no rack for it."""
+    if answer is not None and len(answer):
+        hit = answer[(answer.strategy == s.name) & (answer.gpu == gpu) & answer.feasible.astype(bool)]
+        if len(hit):
+            return configured(s, spec.base, row_config(hit.iloc[0])), int(hit.replicas.iloc[0]), spec.rate_rps
+    return s, 1, spec.rate_rps
+
+
+def base_capacity(spec: PlanSpec, gpu: str | None = None) -> float:
+    """Capacity (req/s, speculation off) of the base rack on this GPU: the map's utilisation unit."""
+    return capacity_of(spec.base.with_overrides({"rack.gpu": gpu or spec.gpus[0]}), spec.points).rps
+
+
+def decision_map(spec: PlanSpec, jobs: int | None = None, gpu: str | None = None,
+                 answer: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Cost at the SLO over traffic x acceptance: for each cell (traffic = utilisation x the base
+    rack's capacity, every class's acceptance set to the cell's), each strategy's cheapest rack
+    that meets the SLO there under the plan's rack rules (found by simulation, as the plan finds
+    its own, in the configuration the plan chose for the strategy), its monthly cost and whether
+    it keeps the quality floor. `winners` names the cheapest per cell."""
     gpu = gpu or spec.gpus[0]
-    cap = capacity(spec.base.with_overrides({"rack.gpu": gpu}))
+    cap = base_capacity(spec, gpu)
     tasks = []
     for u in spec.map_utilisation:
         for a in spec.map_acceptance:
             for s in spec.strategies:
                 if (s.name, gpu) not in spec.not_applicable:
-                    tasks.append((spec, s, gpu, u, a, u * cap.rps))
-    cells = pd.DataFrame(_map(_map_cell, tasks, jobs))
-    return cells
+                    chosen, reps, rate0 = _chosen(spec, answer, s, gpu)
+                    start = max(1, round(reps * u * cap / rate0))
+                    tasks.append((spec, s.name, chosen, gpu, u, a, u * cap, start))
+    return pd.DataFrame(_map(_map_cell, tasks, jobs, "decision map" if spec.progress else ""))
 
 
-def _map_cell(spec: PlanSpec, s: Strategy, gpu: str, u: float, a: float, rate: float) -> dict[str, Any]:
-    base = spec.base.with_overrides({"rack.gpu": gpu})
-    classes = [dict(c.model_dump(mode="json"), acceptance=a) for c in base.workload.classes]
-    sc = base.with_overrides({**s.overrides, "workload.classes": classes, **at_rate(spec.traffic, rate)})
-    ev = evaluate(sc, spec.seeds[:1])
-    sm = ev["summary"]
-    return {"utilisation": u, "acceptance": a, "strategy": s.name, "tpot_mean_s": sm["tpot_s"]["mean"],
-            "ttft_p99_s": sm["ttft_s"]["p99"], "meets_slo": ev["meets_slo"], "quality_tail": sm["quality_tail"],
-            "passes_quality_floor": sm["quality_tail"] >= spec.quality_floor_tail}
+def _map_cell(spec: PlanSpec, name: str, s: Strategy, gpu: str, u: float, a: float, rate: float,
+              start: int = 1) -> dict[str, Any]:
+    r = plan_row(with_acceptance(spec, a), s, gpu, rate, start)
+    out = {"utilisation": u, "acceptance": a, "rate_rps": rate, "strategy": name, "gpu": gpu,
+           "feasible": bool(r["feasible"]), "meets_slo": bool(r["feasible"])}
+    if r["feasible"]:
+        out.update({k: r[k] for k in ("replicas", "gpus", "billed_gpus", "total_usd_per_month", "usd_per_mtok_at_slo",
+                                      "tpot_mean_s", "ttft_p99_s", "quality_tail", "passes_quality_floor", "tp",
+                                      "max_num_batched_tokens", "max_num_seqs", "k")})
+    else:
+        out.update(reason=r.get("reason", ""), passes_quality_floor=False)
+    return out
 
 
 def winners(cells: pd.DataFrame) -> pd.DataFrame:
-    """Per cell: the winning strategy and its TPOT margin over the runner-up (relative)."""
+    """Per cell: the cheapest strategy whose rack meets the SLO and keeps the quality floor, its
+    rack and monthly cost, and its cost margin over the runner-up (relative; inf when it is the
+    only one). 'none' where no strategy passes within max_gpus."""
     out = []
     for (u, a), g in cells.groupby(["utilisation", "acceptance"]):
-        ok = g[g.meets_slo & g.passes_quality_floor].sort_values("tpot_mean_s")
+        ok = g[g.feasible.astype(bool) & g.passes_quality_floor.fillna(False).astype(bool)]
+        ok = ok.sort_values(["total_usd_per_month", "gpus", "strategy"])
+        row: dict[str, Any] = {"utilisation": u, "acceptance": a, "rate_rps": float(g.rate_rps.iloc[0])}
         if ok.empty:
-            out.append({"utilisation": u, "acceptance": a, "winner": "none", "margin": float("nan")})
+            out.append({**row, "winner": "none", "margin": float("nan"), "rack": "", "total_usd_per_month": float("nan"),
+                        "runner_up": ""})
             continue
         best = ok.iloc[0]
-        margin = float(ok.iloc[1].tpot_mean_s / best.tpot_mean_s - 1.0) if len(ok) > 1 else float("inf")
-        out.append({"utilisation": u, "acceptance": a, "winner": best.strategy, "margin": margin,
-                    "winner_tpot_s": best.tpot_mean_s})
+        second = ok.iloc[1] if len(ok) > 1 else None
+        out.append({**row, "winner": best.strategy, "rack": f"{int(best.gpus)}x {best.gpu}",
+                    "replicas": int(best.replicas), "gpus": int(best.gpus),
+                    "total_usd_per_month": float(best.total_usd_per_month),
+                    "margin": float(second.total_usd_per_month / best.total_usd_per_month - 1.0) if second is not None
+                    else float("inf"), "runner_up": "" if second is None else str(second.strategy)})
     return pd.DataFrame(out)
+
+
+SENSITIVITY_PRICE = (0.5, 0.75, 1.0, 1.25, 1.5)  # GPU price multipliers (rent: $/GPU-hour; buy: capex per GPU)
+
+
+def sensitivity(spec: PlanSpec, answer: pd.DataFrame, curves: pd.DataFrame | None = None,
+                jobs: int | None = None) -> pd.DataFrame:
+    """How the monthly cost at the SLO of the winner and the runner-up moves with per-token
+    acceptance (the cheapest rack re-found by simulation at each of map_acceptance), traffic growth
+    (the capacity curves' racks, each found by simulation) and GPU price (the planned rack repriced:
+    closed form, serving cost is linear in the GPU price). One row per (strategy, factor, value)."""
+    ok = answer[answer.feasible.astype(bool) & answer.get("passes_quality_floor", True).astype(bool)].head(2)
+    rows: list[dict[str, Any]] = []
+    tasks = []
+    for _, r in ok.iterrows():
+        s = configured(next(x for x in spec.strategies if x.name == r.strategy), spec.base, row_config(r))
+        for a in spec.map_acceptance:
+            tasks.append((with_acceptance(spec, a), s, r.gpu, spec.rate_rps, int(r.replicas)))
+    found = _map(plan_row, tasks, jobs, "sensitivity" if spec.progress else "") if tasks else []
+    i = 0
+    for _, r in ok.iterrows():
+        base_row = {"strategy": r.strategy, "gpu": r.gpu}
+        for a in spec.map_acceptance:
+            f = found[i]
+            i += 1
+            rows.append({**base_row, "factor": "acceptance", "value": a, "feasible": bool(f["feasible"]),
+                         "gpus": f.get("gpus"), "total_usd_per_month": f.get("total_usd_per_month", float("nan"))})
+        if curves is not None and len(curves):
+            c = curves[(curves.strategy == r.strategy) & (curves.gpu == r.gpu)].sort_values("traffic_multiplier")
+            for _, cr in c.iterrows():
+                rows.append({**base_row, "factor": "traffic growth", "value": float(cr.traffic_multiplier),
+                             "feasible": bool(cr.feasible), "gpus": cr.get("gpus"),
+                             "total_usd_per_month": cr.get("total_usd_per_month", float("nan"))})
+        per = int(r.gpus_per_replica)
+        for m in SENSITIVITY_PRICE:
+            cost = spec.cost
+            if cost.mode == "buy":
+                cost = dataclasses.replace(cost, capex_usd_per_gpu={**cost.capex_usd_per_gpu,
+                                                                    r.gpu: cost.capex_usd_per_gpu[r.gpu] * m})
+            mc = monthly_cost(cost, r.gpu, float(r.usd_per_gpu_hour) * m, int(r.replicas), per, spec.search.gpus_per_node,
+                              float(r.gpu_busy_fraction))
+            total = float(mc["serving_usd_per_month"]) + float(mc["power_usd_per_month"]) + float(r.retraining_usd_per_month)
+            rows.append({**base_row, "factor": "GPU price", "value": m, "feasible": True, "gpus": int(r.gpus),
+                         "total_usd_per_month": total})
+    return pd.DataFrame(rows)
 
 
 def acceptance_shift(spec: PlanSpec, jobs: int | None = None) -> pd.DataFrame:
     """Speedup of each speculative strategy on benchmark-like traffic (no tail) and on
     production-like traffic with a growing tail share, at the plan's shift utilisation."""
-    from sim.simulate import capacity
-
     base = spec.base
-    cap = capacity(base)
+    cap = capacity_of(base, spec.points)
     tail = [c for c in base.workload.classes if c.tail]
     head = [c for c in base.workload.classes if not c.tail]
     if not tail or not head:
@@ -1055,17 +1229,17 @@ def acceptance_shift(spec: PlanSpec, jobs: int | None = None) -> pd.DataFrame:
         if share > 0:
             classes = [dict(head[0].model_dump(mode="json"), share=1.0 - share), dict(tail[0].model_dump(mode="json"), share=share)]
         for s in runnable:
-            tasks.append((base, s, classes, cap.rps * spec.shift_utilisation, spec.seeds, share, spec.traffic))
-    rows = pd.DataFrame(_map(_shift_cell, tasks, jobs))
+            tasks.append((base, s, classes, cap.rps * spec.shift_utilisation, spec.seeds, share, spec.traffic, spec.points))
+    rows = pd.DataFrame(_map(_shift_cell, tasks, jobs, "acceptance shift" if spec.progress else ""))
     ref = rows[rows.strategy == runnable[0].name].set_index("tail_share").tpot_mean_s
     rows["speedup"] = rows.tail_share.map(ref) / rows.tpot_mean_s
     return rows
 
 
 def _shift_cell(base: Scenario, s: Strategy, classes: list[dict[str, Any]], rate: float, seeds: tuple[int, ...],
-                share: float, traffic: Traffic | None = None) -> dict[str, Any]:
+                share: float, traffic: Traffic | None = None, points: str | None = None) -> dict[str, Any]:
     sc = base.with_overrides({**s.overrides, "workload.classes": classes, **at_rate(traffic, rate)})
-    sums = [simulate(sc, seed).summary for seed in seeds]
+    sums = [summary(sc, seed, points) for seed in seeds]
     return {"strategy": s.name, "tail_share": share, "tpot_mean_s": float(np.mean([x["tpot_s"]["mean"] for x in sums])),
             "acceptance_rate": _nanmean([x["acceptance_rate"] for x in sums])}
 
@@ -1095,53 +1269,79 @@ def retraining_table(spec: PlanSpec, answer: pd.DataFrame) -> pd.DataFrame:
                          "training_gpu": rt.retraining.training_gpu if rt.retraining else "",
                          "cost_mode": r.get("cost_mode", "rent"), "serving_usd_per_month": r.serving_usd_per_month,
                          "power_usd_per_month": power, "retraining_usd_per_month": retrain,
-                         "total_usd_per_month": r.serving_usd_per_month + power + retrain, "quality_tail": q_tail})
+                         "total_usd_per_month": r.serving_usd_per_month + power + retrain, "quality_tail": q_tail,
+                         "quality_floor_tail": spec.quality_floor_tail})
     return pd.DataFrame(rows)
 
 
 def main_plan(a: Any) -> int:
+    """`specrack plan`: the search, the analyses and the report, resumable (finished simulations
+    are kept in OUT/points; see plan_store), with progress and an ETA on stderr."""
     from experiments.plan_report import write_plan_report
+    from experiments.plan_store import clean, count
+    from experiments.sweep import check_out_dir
 
-    spec = load_plan(a.plan_file, quick=a.quick)
     out = Path(a.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a folder; name a folder for plan.csv and report.html")
+    check_out_dir(out)
+    points = str(out / "points")
+    clean(points)
+    kept = count(points)
+    print(f"reading {a.plan_file}: checking it and measuring each strategy's capacity per replica...", file=sys.stderr)
+    spec = dataclasses.replace(load_plan(a.plan_file, quick=a.quick, points=points), progress=True)
     out.mkdir(parents=True, exist_ok=True)
     print(f"plan '{spec.name}'{' (--quick)' if a.quick else ''}:", file=sys.stderr)
     for k, v in spec.inputs().items():
         print(f"  {k}: {v}", file=sys.stderr)
     for w in spec.warnings:
         print(f"specrack: {w}", file=sys.stderr)
-    answer, configs = run_search(spec, a.jobs)
-    answer.to_csv(out / "plan.csv", index=False)
-    configs.to_csv(out / "configs.csv", index=False)
-    tables = {"plan": answer, "configs": configs}
-    if not a.no_analyses:
-        print("capacity curves...", file=sys.stderr)
-        tables["curves"] = capacity_curves(spec, answer, a.jobs)
-        print("decision map...", file=sys.stderr)
-        cells = decision_map(spec, a.jobs)
-        tables["map_cells"] = cells
-        tables["map"] = winners(cells)
-        print("acceptance shift...", file=sys.stderr)
-        tables["shift"] = acceptance_shift(spec, a.jobs)
-        tables["retraining"] = retraining_table(spec, answer)
-        for k, v in tables.items():
-            if k not in ("plan", "configs"):
-                v.to_csv(out / f"{k}.csv", index=False)
+    if kept:
+        print(f"resuming: {kept} finished simulations and capacities in {points} are reused", file=sys.stderr)
+    try:
+        tables = run_tables(spec, a.jobs, analyses=not a.no_analyses)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {count(points)} finished simulations are kept in {points}; run the same command "
+              "again to resume", file=sys.stderr)
+        return 130
+    for k, v in tables.items():
+        v.to_csv(out / f"{k}.csv", index=False)
     report = write_plan_report(spec, tables, out)
-    print_ranked(answer, spec)
+    print(f"simulations and capacity measurements: {count(points) - kept} run now, {kept} reused from {points}",
+          file=sys.stderr)
+    print_ranked(tables["plan"], spec)
     if spec.day is not None:  # the day on an autoscaled fleet, next to the fixed rack sized for its peak
         from experiments.plan_day import print_day, run_day
 
-        print_day(spec.day, run_day(spec, answer, out)[0])
+        print_day(spec.day, run_day(spec, tables["plan"], out)[0])
     print(f"wrote {out / 'plan.csv'}, {out / 'configs.csv'}, {report}")
     return 0
 
 
+def run_tables(spec: PlanSpec, jobs: int | None = None, analyses: bool = True) -> dict[str, pd.DataFrame]:
+    """Every table of a plan by name: plan, configs and, with the analyses, curves, map_cells,
+    map, shift, retraining and sensitivity (what `specrack plan` writes as <name>.csv)."""
+    answer, configs = run_search(spec, jobs, label=f"search ({len(spec.strategies) * len(spec.gpus)} strategy x GPU)")
+    tables = {"plan": answer, "configs": configs}
+    if analyses:
+        tables["curves"] = capacity_curves(spec, answer, jobs)
+        cells = decision_map(spec, jobs, answer=answer)
+        tables["map_cells"] = cells
+        gpu = spec.gpus[0]
+        tables["map"] = winners(cells).assign(
+            plan_utilisation=spec.rate_rps / base_capacity(spec, gpu), plan_acceptance=plan_acceptance(spec.base),
+            plan_rate_rps=spec.rate_rps, base_rack=f"{spec.base.rack.num_gpus}x {gpu}",
+            base_capacity_rps=base_capacity(spec, gpu))
+        tables["shift"] = acceptance_shift(spec, jobs)
+        tables["retraining"] = retraining_table(spec, answer)
+        tables["sensitivity"] = sensitivity(spec, answer, tables["curves"], jobs)
+    return tables
+
+
 def print_ranked(df: pd.DataFrame, spec: PlanSpec | None = None) -> None:
     """The ranked table: each option's configuration, each SLO target's value (its percentile),
-    the binding check by name, and its monthly cost split ($/month) and $ per million output tokens."""
+    the binding check by name, its monthly cost split ($/month), $ per million output tokens and
+    its headroom (max rps: the highest req/s the rack serves within the SLO)."""
     if spec is not None:
         b = spec.base
         print(f"model {b.deployment.model} ({b.deployment.weights} weights, {b.deployment.kv_cache} KV), engine "
@@ -1151,7 +1351,8 @@ def print_ranked(df: pd.DataFrame, spec: PlanSpec | None = None) -> None:
     heads = [f"{c.split('_')[0].upper()} {c.split('_')[1]}" for c in checks]
     print(f"{'rank':>4} {'strategy':<20} {'gpu':<9} {'TP':>2} {'MBT':>5} {'seqs':>4} {'k':>2} {'reps':>4} {'GPUs':>5} "
           + " ".join(f"{h:>9}" for h in heads)
-          + f" {'serving $/mo':>12} {'power $/mo':>10} {'total $/mo':>12} {'$/Mtok':>7} {'q tail':>6}  floor  binding")
+          + f" {'serving $/mo':>12} {'power $/mo':>10} {'total $/mo':>12} {'$/Mtok':>7} {'q tail':>6} {'max rps':>7}  floor"
+          "  binding")
     for i, r in df.iterrows():
         if not r.feasible:
             print(f"{i + 1:>4} {r.strategy:<20} {r.gpu:<9}  infeasible: {r.get('reason', '')}")
@@ -1160,10 +1361,13 @@ def print_ranked(df: pd.DataFrame, spec: PlanSpec | None = None) -> None:
         b = r.get("binding_slo")
         binding = f"{b} ({r[f'slo_{b}_value'] / r[f'slo_{b}_target']:.0%} of target)" if isinstance(b, str) and b else "-"
         k = "-" if r.get("k") is None or r.get("k") != r.get("k") else f"{int(r.k)}"
+        h = r.get("headroom_rps")
+        hr = "-" if h is None or h != h else f"{float(h):.2f}"
         print(f"{i + 1:>4} {r.strategy:<20} {r.gpu:<9} {int(r.tp):>2} {int(r.max_num_batched_tokens):>5} "
               f"{int(r.max_num_seqs):>4} {k:>2} {int(r.replicas):>4} {int(r.billed_gpus):>5} {vals} "
               f"{r.serving_usd_per_month:>12,.0f} {r.power_usd_per_month:>10,.0f} {r.total_usd_per_month:>12,.0f} "
-              f"{r.usd_per_mtok_at_slo:>7.2f} {r.quality_tail:>6.3f}  {'pass' if r.passes_quality_floor else 'FAIL'}   {binding}")
+              f"{r.usd_per_mtok_at_slo:>7.2f} {r.quality_tail:>6.3f} {hr:>7}  {'pass' if r.passes_quality_floor else 'FAIL'}"
+              f"   {binding}")
 
 
 def _fmt_s(v: float) -> str:

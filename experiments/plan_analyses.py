@@ -45,7 +45,7 @@ def main() -> None:
         table = capacity_curves(spec, run_plan(spec, a.jobs), a.jobs)
         fig = curves_chart(table)
     elif a.analysis == "map":
-        table = winners(decision_map(spec, a.jobs))
+        table = winners(decision_map(spec, a.jobs, answer=run_plan(spec, a.jobs)))
         fig = decision_map_chart(table)
     elif a.analysis == "shift":
         table = acceptance_shift(spec, a.jobs)

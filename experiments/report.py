@@ -22,18 +22,61 @@ from experiments.analysis import HEADLINE, SPEEDUP_METRICS, crossovers, load_axi
 from sim.capacity import SUSTAIN_CHECK_S
 
 PALETTE = ("#1f77b4", "#d62728", "#ff7f0e", "#9467bd", "#2ca02c", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
+# one colour per strategy in every chart (sweep report, plan report, compare): the built-in
+# strategies by name, any other name by a hash of it (the same name, the same colour, everywhere)
+STRATEGY_COLOURS = {"baseline": "#1f77b4", "draft-1b": "#d62728", "draft-1b-adaptive": "#ff7f0e", "eagle": "#9467bd",
+                    "distilled-8b": "#2ca02c", "distilled-8b+draft-1b": "#17becf", "fp8": "#8c564b",
+                    "fp8+draft-1b": "#e377c2", "ngram": "#bcbd22"}
+OTHER_COLOURS = ("#7f7f7f", "#637939", "#8c6d31", "#843c39", "#7b4173", "#e6550d", "#17375e", "#ff9896", "#c49c94",
+                 "#000000")  # none of them close to a built-in strategy's
+NONE_COLOUR = "#d9d9d9"  # "no strategy passes": grey, never a strategy's colour
+
+
+def colour_of(name: str) -> str:
+    """The fixed colour of a strategy (or sweep variant) by its name."""
+    import zlib
+
+    if name in STRATEGY_COLOURS:
+        return STRATEGY_COLOURS[name]
+    if name == "none":
+        return NONE_COLOUR
+    return OTHER_COLOURS[zlib.crc32(name.encode()) % len(OTHER_COLOURS)]
 
 
 def _colour(names: list[str]) -> dict[str, str]:
-    return {n: PALETTE[i % len(PALETTE)] for i, n in enumerate(names)}
+    return {n: colour_of(n) for n in names}
+
+
+def log_ticks(lo: float, hi: float) -> list[float]:
+    """Tick values 1-2-5 per decade covering [lo, hi], for log axes: every tick labelled, no
+    unlabelled minor digits."""
+    if not (lo > 0 and hi > 0 and np.isfinite(lo) and np.isfinite(hi)):
+        return []
+    for mantissas in ((1.0, 2.0, 5.0), (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0),
+                      tuple(float(m) for m in np.arange(1.0, 10.0, 0.5))):  # finer for a narrow range
+        out = [m * 10.0 ** e for e in range(int(np.floor(np.log10(lo))) - 1, int(np.ceil(np.log10(hi))) + 1)
+               for m in mantissas if lo / 1.15 <= m * 10.0 ** e <= hi * 1.15]
+        if len(out) >= 3:
+            return [float(f"{v:.3g}") for v in out]
+    return sorted({float(f"{lo:.3g}"), float(f"{hi:.3g}")})
+
+
+def log_axis(values: Any) -> dict[str, Any]:
+    """Layout of a log axis over these values: labelled 1-2-5 ticks only."""
+    v = np.asarray(pd.to_numeric(pd.Series(list(values)), errors="coerce"), dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    ticks = log_ticks(float(v.min()), float(v.max())) if v.size else []
+    return {"type": "log", "tickvals": ticks, "ticktext": [f"{t:g}" for t in ticks], "minor": {"showgrid": False}} \
+        if ticks else {"type": "log"}
 
 
 AXIS_TITLES = {"utilisation": "rack utilisation (offered load / baseline capacity)",
                "concurrency": "concurrency (closed-loop clients)"}
 
 
-def _x_axes(fig: go.Figure, x: str, title: str | None = None) -> None:
-    fig.update_xaxes(title_text=title or AXIS_TITLES[x], **({"type": "log"} if x == "concurrency" else {}))
+def _x_axes(fig: go.Figure, x: str, title: str | None = None, values: Any = None) -> None:
+    log = log_axis(values) if values is not None else {"type": "log"}
+    fig.update_xaxes(title_text=title or AXIS_TITLES[x], **(log if x == "concurrency" else {}))
 
 
 def _rgba(hex_colour: str, alpha: float) -> str:
@@ -70,9 +113,9 @@ def speedup_chart(sp: pd.DataFrame, metrics: tuple[str, ...] = (HEADLINE, "e2e_s
                                          name=f"{v} crosses 1.0 at {u:.2f}", legendgroup=v, showlegend=False,
                                          hovertemplate=f"{v} crosses 1.0 at {xa} {u:.2f}<extra></extra>"), 1, j)
         fig.add_hline(y=1.0, line_dash="dash", line_color="black", row=1, col=j)
-    _x_axes(fig, xa)
-    fig.update_yaxes(title_text="speedup over baseline (x)", type="log", row=1, col=1)
-    fig.update_yaxes(type="log", row=1, col=len(metrics))
+    _x_axes(fig, xa, values=sp[xa])
+    ys = pd.concat([sp.ci_low, sp.ci_high, sp["mean"], pd.Series([1.0])])
+    fig.update_yaxes(title_text="speedup over baseline (x)", **log_axis(ys))
     fig.update_layout(title="Speedup over baseline (mean and 95% CI over seeds; x marks where it crosses 1.0)",
                       template="plotly_white", height=540)
     return fig
@@ -90,7 +133,7 @@ def _panels(df: pd.DataFrame, columns: tuple[str, ...], titles: tuple[str, ...],
         for j, (c, k) in enumerate(zip(columns, scale, strict=True), start=1):
             fig.add_trace(go.Scatter(x=g[x], y=g[c] * k, name=v, legendgroup=v, showlegend=j == 1,
                                      line={"color": col[v]}), 1, j)
-    _x_axes(fig, x, x)
+    _x_axes(fig, x, AXIS_TITLES.get(x, x), values=df[x])
     return fig
 
 
@@ -180,20 +223,23 @@ def cost_chart(df: pd.DataFrame) -> go.Figure:
                                      hovertemplate=f"{v}<br>{x} %{{x:.2f}}<br>$%{{y:.2f}}/Mtok "
                                                    f"(retraining $%{{customdata:.3f}})<extra></extra>"), 1, c)
     fig.update_yaxes(title_text="USD per million output tokens", rangemode="tozero")
-    _x_axes(fig, x, x)
+    _x_axes(fig, x, AXIS_TITLES.get(x, x), values=d[x])
     fig.update_layout(template="plotly_white", height=460,
                       title="Cost per million output tokens (serving + amortised retraining)")
     return fig
 
 
-def quality_cost_chart(df: pd.DataFrame) -> go.Figure:
+def quality_cost_chart(df: pd.DataFrame, floor: float | None = None) -> go.Figure:
     """Quality (in-distribution and tail) against cost per token at each variant's own capacity:
-    the price each option charges."""
+    the price each option charges; the tail-quality floor drawn when one is set."""
     d = add_sized_cost(df)
     g = d.groupby("variant", sort=False)[["usd_per_mtok_at_capacity", "quality_in_distribution", "quality_tail"]].mean().reset_index()
     fig = go.Figure()
-    for i, r in g.iterrows():
-        c = PALETTE[i % len(PALETTE)]
+    if floor is not None:
+        fig.add_hline(y=floor, line_dash="dot", line_color="#b00", annotation_text=f"tail-quality floor {floor:g}",
+                      annotation_position="bottom right")
+    for _, r in g.iterrows():
+        c = colour_of(str(r.variant))
         fig.add_trace(go.Scatter(x=[r.usd_per_mtok_at_capacity] * 2, y=[r.quality_tail, r.quality_in_distribution],
                                  mode="lines+markers", name=r.variant, line={"color": c},
                                  marker={"symbol": ["triangle-down", "circle"], "size": 11},
@@ -322,7 +368,7 @@ def report_figures(df: pd.DataFrame, sp: pd.DataFrame, *, spec: Any = None,
         ("latency", latency_chart(df, slo)),
         *((("throughput", throughput_chart(df)),) if closed else ()),
         ("cost", cost_chart(df)),
-        *(() if closed else (("quality", quality_cost_chart(df)),)),
+        *(() if closed else (("quality", quality_cost_chart(df, getattr(spec, "quality_floor_tail", None))),)),
         ("utilisation", utilisation_chart(df)),
     ]
     if capacities and any(c.get("curve") for c in capacities.values()):

@@ -1,0 +1,84 @@
+"""What makes a plan resumable: every simulation a plan runs (a rack at a rate, one seed) and every
+capacity it measures is written, whole or not at all, into OUT/points/ as it finishes, keyed by
+the scenario's content hash (`Scenario.key()`, which covers the files it reads) and the seed.
+A rerun of the same plan reads them back instead of simulating: an interrupted `specrack plan`
+loses only the runs in flight, and a rerun gives the same answer with fewer simulations (a run
+is a pure function of its scenario and seed, and a JSON float round-trips exactly).
+
+With no folder (`points=None`, the Python API's default) nothing is read or written."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from experiments.sweep import _write_atomic
+from sim.capacity import Capacity, capacity, remember
+from sim.capacity import capacity_key as _capacity_key
+from sim.scenario import Scenario
+from sim.simulate import simulate
+
+SUMMARY_PREFIX = "run-"
+CAPACITY_PREFIX = "capacity-"
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """A finished point, or None when absent or unreadable (a half-written or foreign file: rerun)."""
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def summary(sc: Scenario, seed: int, points: str | None) -> dict[str, Any]:
+    """The run's summary (`simulate(sc, seed).summary`), from OUT/points when an earlier run of the
+    plan finished it, else simulated and kept there."""
+    if points is None:
+        return simulate(sc, seed).summary
+    path = Path(points) / f"{SUMMARY_PREFIX}{sc.key()}-{seed}.json"
+    d = _read(path)
+    if d is not None and "summary" in d:
+        return dict(d["summary"])
+    sm = simulate(sc, seed).summary
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(path, json.dumps({"seed": seed, "summary": sm}, default=float))
+    return json.loads(json.dumps(sm, default=float))  # the same values a resumed run reads back
+
+
+def capacity_of(sc: Scenario, points: str | None, *, speculative: bool = False) -> Capacity:
+    """`sim.capacity` (cached per process), kept in OUT/points across runs of the plan."""
+    if points is None:
+        return capacity(sc, speculative=speculative)
+    key = _capacity_key(sc, speculative=speculative)
+    path = Path(points) / f"{CAPACITY_PREFIX}{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+    d = _read(path)
+    if d is not None and d.get("key") == key:
+        try:
+            cap = Capacity(**{**d["capacity"], "curve": tuple(tuple(r) for r in d["capacity"]["curve"])})
+        except (KeyError, TypeError):
+            cap = None
+        if cap is not None:
+            remember(key, cap)
+            return cap
+    cap = capacity(sc, speculative=speculative)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(path, json.dumps({"key": key, "capacity": dataclasses.asdict(cap)}, default=float))
+    return cap
+
+
+def count(points: str | None) -> int:
+    """Finished simulations and capacity measurements kept in OUT/points."""
+    if points is None or not Path(points).is_dir():
+        return 0
+    return sum(1 for p in Path(points).glob("*.json") if p.name.startswith((SUMMARY_PREFIX, CAPACITY_PREFIX)))
+
+
+def clean(points: str | None) -> None:
+    """Remove the half-written files of a killed run."""
+    if points is not None and Path(points).is_dir():
+        for stale in Path(points).glob("*.json.tmp*"):
+            stale.unlink(missing_ok=True)
