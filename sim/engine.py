@@ -125,8 +125,12 @@ class FuseBound:
     from a later event."""
 
     def __init__(self, env: simpy.Environment, horizon_s: float, cuts_s: tuple[float, ...] = (),
-                 arrivals: bool = True, routing: tuple[np.ndarray, list[Replica], int, str] | None = None) -> None:
+                 arrivals: bool = True, routing: tuple[np.ndarray, list[Replica], int, str] | None = None,
+                 period_s: float | None = None) -> None:
         self.env, self.horizon_s, self.arrivals, self.routing = env, horizon_s, arrivals, routing
+        # periodic cuts k x period_s, k >= 1 (the intervals table's ends), found on the fly: a list of
+        # them would grow with the horizon (a long drain makes it billions of entries)
+        self.period_s = period_s if period_s is not None and period_s > 0 and math.isfinite(period_s) else None
         cuts = np.asarray(cuts_s, dtype=np.float64)
         self.cuts_s: list[float] = np.unique(cuts[np.isfinite(cuts)]).tolist()
         self.next_arrival_s = math.inf
@@ -172,6 +176,14 @@ class FuseBound:
         i = bisect.bisect_right(self.cuts_s, now)
         if i < len(self.cuts_s):
             t = min(t, self.cuts_s[i])
+        if self.period_s is not None:
+            # the first k x period_s after now, with the same float product as np.arange(1, n) x period_s
+            k = math.floor(now / self.period_s) + 1
+            while k * self.period_s <= now:
+                k += 1
+            while k > 1 and (k - 1) * self.period_s > now:
+                k -= 1
+            t = min(t, k * self.period_s)
         return t, end
 
 

@@ -212,7 +212,7 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         drain = sc.sim.drain_s if sc.sim.drain_s is not None else max(wl.duration_s, 600.0)
         horizon = horizon_s if horizon_s is not None else (float(arrival[-1]) if arrival.size else 0.0) + drain
         # per-interval metrics (the intervals table) are exact: fused runs never straddle an interval's end
-        cuts += tuple(np.arange(1, int(horizon / sc.sim.interval_s) + 1) * sc.sim.interval_s)
+        # (the bound's periodic cuts, period_s = sim.interval_s)
         auto = sc.autoscale
         dynamic = auto is not None or (sc.speculative is not None and sc.speculative.policy == "follow_load")
         if dynamic:
@@ -220,8 +220,8 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         routing = (queued, replicas, limit, sc.deployment.router)
         fuse = None
         if sc.sim.fuse_steps:
-            fuse = FleetBound(env, horizon, cuts, routing=routing) if auto is not None else FuseBound(
-                env, horizon, cuts, routing=routing)
+            fuse = FleetBound(env, horizon, cuts, routing=routing, period_s=sc.sim.interval_s) if auto is not None \
+                else FuseBound(env, horizon, cuts, routing=routing, period_s=sc.sim.interval_s)
         routable: list[Replica] = [] if dynamic else replicas  # the replicas the router may send to
         env.process(_arrivals(env, queued, routable, sc.deployment.router, stop, limit, fuse))
         replicas.extend(Replica(env, i, rt, reqs, rngs[i], log, fuse) for i in range(rt.num_replicas))
