@@ -22,8 +22,8 @@ from experiments.sweep import load_sweep, plan_points, run_sweep
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "experiments" / "scenarios" / "default-mix.toml"
 DRAFT = '{ method = "draft_model", draft_model = "llama-3.2-1b", num_speculative_tokens = 4 }'
-QUICK_VARIANTS = ("baseline", "draft-1b", "draft-1b-adaptive", "eagle", "distilled-8b", "distilled-8b+draft-1b",
-                  "fp8", "fp8+draft-1b")
+QUICK_VARIANTS = ("baseline", "draft-1b", "draft-1b-adaptive", "eagle", "eagle3", "eagle3-tree", "distilled-8b",
+                  "distilled-8b+draft-1b", "fp8", "fp8+draft-1b")
 KEY_COLS = ["variant", "utilisation", "seed"]
 REAL_SIMULATE = sweep_mod.simulate
 
@@ -88,7 +88,7 @@ def test_quick_sweep_writes_everything(quick: dict[str, Any]) -> None:
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     spec = load_sweep(quick=True)
     n = len(spec.variants) * len(spec.utilisation) * len(spec.seeds)
-    assert len(df) == n == 48
+    assert len(df) == n == 60
     assert len(list((out / "points").glob("*.json"))) == n
     assert tuple(dict.fromkeys(df.variant)) == QUICK_VARIANTS
     assert (df.error == "").all()
