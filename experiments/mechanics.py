@@ -9,22 +9,29 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from models.speculative import expected_tokens
-from sim.deployment import build_runtime
+from sim.deployment import ReplicaRuntime, SpecRuntime, build_runtime
 from sim.scenario import Scenario
 from sim.simulate import baseline_of
+
+
+def _runtimes(sc: Scenario, who: str) -> tuple[ReplicaRuntime, ReplicaRuntime, SpecRuntime]:
+    """(speculating runtime, its baseline's runtime, the speculation runtime) of a scenario."""
+    if sc.speculative is None:
+        raise ValueError(f"{who} needs a scenario with a [speculative] section")
+    rt = build_runtime(sc)
+    spec = rt.spec
+    assert spec is not None
+    return rt, build_runtime(baseline_of(sc)), spec
 
 
 def step_breakdown(sc: Scenario, batch_sizes: list[int] | np.ndarray, context: int = 1200,
                    acceptance: float = 0.75) -> pd.DataFrame:
     """Per batch size: plain decode step time, and a speculating step's draft / verify / overhead
     time, with the tokens per second each yields at this acceptance (k from the scenario)."""
-    if sc.speculative is None:
-        raise ValueError("step_breakdown needs a scenario with a [speculative] section")
-    rt = build_runtime(sc)
-    base_rt = build_runtime(baseline_of(sc))
-    spec = rt.spec
-    assert spec is not None
-    if spec.shape is not None or spec.draft_window is not None or spec.on_match or spec.host_s_per_seq > 0:
+    rt, base_rt, spec = _runtimes(sc, "step_breakdown")
+    from sim.engine import Replica
+
+    if Replica._general(spec):
         # trees, windowed self-drafts, suffix matches: the engine's own step code (fixed_batch_speedup)
         fb = fixed_batch_speedup(sc, batch_sizes, context, acceptance)
         return pd.DataFrame({"batch": fb.batch, "plain_decode_s": fb.plain_decode_s, "verify_s": fb.verify_s,
@@ -79,12 +86,7 @@ def fixed_batch_speedup(sc: Scenario, batch_sizes: list[int] | np.ndarray, conte
     from models.speculative import expected_tokens
     from sim.engine import Replica, Requests, StepLog
 
-    if sc.speculative is None:
-        raise ValueError("fixed_batch_speedup needs a scenario with a [speculative] section")
-    rt = build_runtime(sc)
-    base_rt = build_runtime(baseline_of(sc))
-    spec = rt.spec
-    assert spec is not None
+    rt, base_rt, spec = _runtimes(sc, "fixed_batch_speedup")
     k = spec.k
     tokens_per_seq = (spec.shape.expected_tokens(acceptance, k) if spec.shape is not None
                       else float(expected_tokens(acceptance, k, spec.decay)))
