@@ -1284,12 +1284,22 @@ def main_plan(a: Any) -> int:
     out = Path(a.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a folder; name a folder for plan.csv and report.html")
+    fresh = not out.exists()
     check_out_dir(out)
     points = str(out / "points")
     clean(points)
     kept = count(points)
-    print(f"reading {a.plan_file}: checking it and measuring each strategy's capacity per replica...", file=sys.stderr)
-    spec = dataclasses.replace(load_plan(a.plan_file, quick=a.quick, points=points), progress=True)
+    if sys.stderr.isatty():  # a sign of life before the capacity measurements (a bad file stays one error line)
+        print(f"reading {a.plan_file}: checking it and measuring each strategy's capacity per replica...",
+              file=sys.stderr)
+    try:
+        spec = dataclasses.replace(load_plan(a.plan_file, quick=a.quick, points=points), progress=True)
+    except ConfigError:
+        if fresh:  # a bad plan leaves nothing behind (capacity measurements of a plan that never ran)
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     out.mkdir(parents=True, exist_ok=True)
     print(f"plan '{spec.name}'{' (--quick)' if a.quick else ''}:", file=sys.stderr)
     for k, v in spec.inputs().items():
