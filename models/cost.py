@@ -400,29 +400,9 @@ class CostModel:
         return np.where(np.asarray(tokens) > 0, lin + attn + comm + over, 0.0)
 
     def decode_s(self, num_seqs: int, context_tokens: float) -> float:
-        """`step_sums(num_seqs, num_seqs, context_tokens, context_tokens + num_seqs).total_s`, the
-        duration of a plain decode step (one new token per sequence), with the same floating-point
-        operations in the same order (bit-identical), without building the breakdown: a fused run
-        of decode steps prices its first and last step with it."""
-        e = self.eff
-        tokens = num_seqs * 1 + 0.0
-        attn_pairs = context_tokens + num_seqs
-        w = self.dense_weight_bytes
-        if self.expert_weight_bytes:
-            w += self.expert_weight_bytes * self.touched_fraction(tokens)
-        kv_r = self._kv_read(num_seqs, context_tokens) if self.window else self.kv_bytes_per_token_gpu * context_tokens
-        kv_w = self.kv_write_bytes_per_token_gpu * tokens
-        act = self.act_bytes_per_token * tokens
-        mfu = self.mfu_max * tokens / (tokens + e.mfu_half_tokens)
-        lin_c = self.flops_per_token * tokens / (self.peak * mfu)
-        attn_f = self._attn_flops(tokens, attn_pairs) if self.window else self.attn_flops_per_pair * attn_pairs
-        attn_c = attn_f / (self.peak * self.mfu_max)
-        lin_m = (w + act) / self.bw
-        attn_m = (kv_r + kv_w) / self.bw
-        busy = (lin_c if lin_c > lin_m else lin_m) + (attn_c if attn_c > attn_m else attn_m)
-        comm_s = self._comm_s(tokens) if self.n_allreduce else 0.0
-        overhead_s = self.pass_overhead_s + e.step_overhead_s + e.seq_overhead_s * num_seqs
-        return busy + comm_s + overhead_s
+        """The duration of a plain decode step (one new token per sequence): `step_sums` itself,
+        so a fused run's first and last step are priced exactly as the ordinary step."""
+        return self.step_sums(num_seqs, num_seqs + 0.0, context_tokens, context_tokens + num_seqs).total_s
 
     def run_sums(self, tokens: float, context_sum: float, pairs_sum: float, steps: int) -> tuple[float, float]:
         """(FLOPs, bytes) summed over `steps` engine steps of `tokens` new tokens each, whose
