@@ -12,9 +12,9 @@ The configuration search (on by default, `[search] configurations = false` turns
 that over a small grid per strategy and GPU type: tensor-parallel degree (every degree that fits
 the model), max_num_batched_tokens, max_num_seqs and, where the strategy speculates, k. Before any
 rack is simulated each configuration is pruned analytically with its measured capacity C per
-replica (sim.capacity, peak sustainable req/s): it needs at least ceil(rate / (C x (1 + CAP_SLACK)))
-replicas (no rack carries more than its capacity; the slack absorbs the capacity's measurement
-noise), more if min_replicas, max_utilisation or n+1 ask for them. A configuration whose lower
+replica (sim.capacity, peak sustainable req/s): it needs more than rate / C replicas (no rack
+carries more than its capacity: `evaluate` fails one offered its capacity or more without
+simulating it), more if min_replicas, max_utilisation or n+1 ask for them. A configuration whose lower
 bound exceeds max_gpus is skipped, and configurations are simulated in order of the cost of that
 cheapest possible rack; one whose cheapest possible rack already costs more than the best passing
 rack found so far is skipped without simulation. The answer per strategy is the cheapest passing
@@ -45,10 +45,9 @@ from models.catalog import GPUS, get_gpu
 from models.engines import get_profile, resolve
 from models.errors import ConfigError, unknown
 from sim.deployment import build_runtime, gpus_per_replica
-from sim.scenario import SLO_KEYS, Scenario, gpu_name, load_scenario, read_toml, slo_key_hint
+from sim.scenario import MAX_REQUESTS, SLO_KEYS, Scenario, gpu_name, load_scenario, read_toml, slo_key_hint
 from sim.traces import load_trace, trace_rate_rps
 
-CAP_SLACK = 0.10  # the capacity bound on replicas allows 10% for the capacity's measurement noise
 TP_DEGREES = (1, 2, 4, 8)  # the tensor-parallel degrees searched by default (those that fit)
 DEFAULT_MBT = (2048, 8192)  # max_num_batched_tokens searched by default, with the base's own
 DEFAULT_K = (2, 4)  # speculative k searched by default (speculating strategies), with the strategy's own
@@ -82,7 +81,7 @@ class SearchSpec:
         return (f"TP {g(self.tp, 'every degree of ' + str(list(TP_DEGREES)) + ' that fits')}, max_num_batched_tokens "
                 f"{g(self.max_num_batched_tokens, str(list(DEFAULT_MBT)) + ' + the base')}, max_num_seqs "
                 f"{g(self.max_num_seqs, 'the base')}, k (speculating strategies) {g(self.k, str(list(DEFAULT_K)) + ' + the strategy' + chr(39) + 's')}; "
-                f"pruned by capacity (ceil(rate / capacity per replica) replicas at least, {CAP_SLACK:.0%} slack) "
+                "pruned by capacity (more than rate / capacity per replica replicas) "
                 "and by the best passing cost so far")
 
     def rules(self) -> str:
@@ -650,29 +649,118 @@ def _scenario(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], r
 
 
 EXTEND = 3.0  # a run too short to judge is rerun once with a measured window this many times longer
+# Run length by the load's relaxation time (docs/METRICS.md, 'Planner run length'). A rack near capacity
+# settles slowly: with requests in system N, throughput X(N) and dN/dt = rate - X(N), a departure
+# from the fixed point decays at X'(N*); for step times affine in the batch (X = C N / (N + K))
+# 1 / X'(N*) = tau / (1 - rho), tau the mean time in system and rho = rate / capacity. A run
+# starting empty is judged only after RELAX_WARMUP relaxation times (e^-3: 5% of the start-up
+# deficit left) over at least RELAX_JUDGE of them (the slow swings of the batch average out);
+# without this a 150 s run passed one replica at 1.01x its capacity that 3000 s runs fail at 0.96x.
+RELAX_WARMUP = 3.0
+RELAX_JUDGE = 10.0
+MAX_RUN_S = 7200.0  # a rack that needs a longer run to judge (within a few % of capacity) fails unjudged
+RELAX_ROUNDS = 2  # reruns at most (each at the length the previous run's lifetimes ask for)
 
 
 def _longer(sc: Scenario) -> Scenario | None:
     """The run with its measured window EXTEND times longer (None for a trace window, a closed
     loop or a fixed request count, whose length is the input's own)."""
     wl = sc.workload
-    if wl.replays_trace or wl.closed or wl.num_requests is not None:
+    if not _stationary(sc):
         return None
     return sc.with_overrides({"workload.duration_s": wl.warmup_s + EXTEND * (wl.duration_s - wl.warmup_s)})
 
 
-def evaluate(sc: Scenario, seeds: tuple[int, ...], points: str | None = None) -> dict[str, Any]:
+def _stationary(sc: Scenario) -> bool:
+    """An open-loop stream at a constant rate whose run length is ours to choose (not a trace
+    window, a closed loop, a rate profile or a fixed request count)."""
+    wl = sc.workload
+    return not (wl.replays_trace or wl.closed or wl.num_requests is not None or wl.rate_profile is not None)
+
+
+def offered_rps(sc: Scenario) -> float | None:
+    """The constant rate a stationary run offers (None otherwise, or when given as a utilisation)."""
+    return sc.workload.rate_rps if _stationary(sc) else None
+
+
+def relaxation_s(e2e_mean_s: float, rho: float) -> float:
+    """The relaxation time of requests in system at utilisation rho with mean time in system
+    `e2e_mean_s` (see RELAX_WARMUP): tau / (1 - rho)."""
+    return e2e_mean_s / (1.0 - rho) if rho < 1.0 else math.inf
+
+
+def judged_length(sc: Scenario, sm: dict[str, Any], capacity_rps: float) -> tuple[float, float] | None:
+    """(warm-up, measured window) in seconds a run of this rack needs at its offered rate, from
+    the lifetimes of a run `sm` of it; None when that is longer than MAX_RUN_S."""
+    rate = offered_rps(sc)
+    assert rate is not None
+    tau = float(sm["e2e_s"]["mean"])
+    t = relaxation_s(tau if tau == tau else 0.0, rate / capacity_rps)
+    warm, window = RELAX_WARMUP * t, RELAX_JUDGE * t
+    if warm + window > MAX_RUN_S:
+        return None
+    wl = sc.workload
+    warm, window = max(wl.warmup_s, warm), max(wl.duration_s - wl.warmup_s, window)
+    most = 0.9 * MAX_REQUESTS / rate  # one run's request cap (at such rates relaxation is fast)
+    return (warm, window) if warm + window <= most else (warm * most / (warm + window), window * most / (warm + window))
+
+
+def unjudged(reason: str) -> dict[str, Any]:
+    """`evaluate`'s answer for a rack failed without a (long enough) run."""
+    return {"meets_slo": False, "summary": None, "reason": reason}
+
+
+def judged_run(sc: Scenario, seed: int, points: str | None = None,
+               capacity_rps: float | None = None) -> tuple[Scenario, dict[str, Any]] | str:
+    """The run a rack is judged on for one seed, and its summary (see `evaluate`), or why it
+    fails unjudged."""
+    rate = offered_rps(sc)
+    rho = rate / capacity_rps if rate is not None and capacity_rps else None
+    if rho is not None and rho >= 1.0:
+        return f"offered {rate:.3g} req/s >= the rack's measured capacity {capacity_rps:.3g} req/s"
+    sm = summary(sc, seed, points)
+    run = sc
+    if rho is not None and capacity_rps is not None:
+        for _ in range(RELAX_ROUNDS):
+            need = judged_length(run, sm, capacity_rps)
+            if need is None:
+                return (f"at {rho:.0%} of capacity a run must last over {MAX_RUN_S:.0f} s to settle "
+                        f"(relaxation time {relaxation_s(float(sm['e2e_s']['mean']), rho):.0f} s)")
+            warm, window = need
+            wl = run.workload
+            if warm <= wl.warmup_s * 1.05 and window <= (wl.duration_s - wl.warmup_s) * 1.05:
+                break
+            run = run.with_overrides({"workload.warmup_s": warm, "workload.duration_s": warm + window})
+            sm = summary(run, seed, points)
+    elif sm["verdict"] == "insufficient":
+        longer = _longer(sc)
+        if longer is not None:
+            run, sm = longer, summary(longer, seed, points)
+    return run, sm
+
+
+def evaluate(sc: Scenario, seeds: tuple[int, ...], points: str | None = None,
+             capacity_rps: float | None = None) -> dict[str, Any]:
     """Simulate a rack over seeds; it meets the SLO only if every seed's run is stable and meets
-    every target (`slo_met`). A run whose verdict is 'insufficient' (too short to judge stability
-    near capacity, where requests take longer to settle) is rerun once EXTEND times longer and
-    judged on that run, as a long run would judge it; if it is still insufficient it fails. The
-    summary kept is the worst seed's: failing first, then the one closest to (or furthest over)
-    its binding target. `points`: see plan_store."""
+    every target (`slo_met`). The summary kept is the worst seed's: failing first, then the one
+    closest to (or furthest over) its binding target. `points`: see plan_store.
+
+    With the rack's measured capacity (`capacity_rps`, req/s) and a constant offered rate, the
+    verdict is the one a long run gives: an offered rate at or above the capacity fails without
+    simulation (no rack carries more than its capacity); otherwise each run is rerun (up to
+    RELAX_ROUNDS times) as long as the relaxation time its lifetimes give asks for (warm-up
+    RELAX_WARMUP and window RELAX_JUDGE relaxation times) and judged on that; a rack that would
+    need more than MAX_RUN_S fails unjudged (it is within a few percent of capacity). Without a
+    capacity, a run whose verdict is 'insufficient' (too short to judge stability) is rerun once
+    EXTEND times longer and judged on that; if it is still insufficient it fails."""
     rows = []
     for seed in seeds:
-        sm = summary(sc, seed, points)
-        longer = _longer(sc) if sm["verdict"] == "insufficient" else None
-        rows.append(summary(longer, seed, points) if longer is not None else sm)
+        judged = judged_run(sc, seed, points, capacity_rps)
+        if isinstance(judged, str):
+            return unjudged(judged)
+        run, sm = judged
+        wl = run.workload
+        rows.append({**sm, "run_warmup_s": wl.warmup_s, "run_window_s": wl.duration_s - wl.warmup_s})
     worst = max(rows, key=lambda r: (not r["slo_met"], _binding(r)[1]))
     return {"meets_slo": all(r["slo_met"] for r in rows), "summary": worst}
 
@@ -688,10 +776,12 @@ def _binding(sm: dict[str, Any]) -> tuple[str, float]:
 
 def min_rack(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], rate: float, max_gpus: int,
              seeds: tuple[int, ...], teacher_updates: float, start: int = 1, *,
-             traffic: Traffic | None = None, floor: int = 1, points: str | None = None) -> dict[str, Any]:
+             traffic: Traffic | None = None, floor: int = 1, points: str | None = None,
+             cap_rps: float | None = None) -> dict[str, Any]:
     """Smallest replica count >= floor meeting the SLO at this rate: from `start` (a guess),
     doubling until a run passes, then down to the minimum (the count below it is simulated and
-    fails, unless it is below `floor`)."""
+    fails, unless it is below `floor`). `cap_rps`: the measured capacity of one replica (r
+    replicas carry at most r x cap_rps; `evaluate` judges with it)."""
     per = gpus_per_replica(_scenario(base, s, gpu, prices, 1, rate, traffic=traffic))
     max_rep = max_gpus // per
     if max_rep < 1:
@@ -702,7 +792,8 @@ def min_rack(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], ra
 
     def ok(r: int) -> bool:
         if r not in cache:
-            cache[r] = evaluate(_scenario(base, s, gpu, prices, r, rate, teacher_updates, traffic=traffic), seeds, points)
+            cache[r] = evaluate(_scenario(base, s, gpu, prices, r, rate, teacher_updates, traffic=traffic), seeds, points,
+                                None if cap_rps is None else r * cap_rps)
         return cache[r]["meets_slo"]
 
     lo, hi = floor - 1, max(floor, min(start, max_rep))  # lo fails (or is not allowed), hi to be tested
@@ -758,11 +849,11 @@ def _one(spec: PlanSpec, s: Strategy, gpu: str, rate: float) -> Scenario:
 def replica_bounds(spec: PlanSpec, cap_rps: float, rate: float) -> tuple[int, int]:
     """(floor, lower bound) on the minimal passing replica count before n+1: the floor is what the
     rules demand (min_replicas, max_utilisation), the bound adds the capacity's: no rack carries
-    more than replicas x capacity (with CAP_SLACK for measurement noise)."""
+    its capacity or more (r replicas need r x capacity > rate; `evaluate` fails the others unrun)."""
     floor = spec.search.min_replicas
     if spec.search.max_utilisation is not None:
         floor = max(floor, math.ceil(rate / (spec.search.max_utilisation * cap_rps) - 1e-9))
-    return floor, max(floor, math.ceil(rate / (cap_rps * (1.0 + CAP_SLACK)) - 1e-9))
+    return floor, max(floor, math.floor(rate / cap_rps + 1e-9) + 1)
 
 
 def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
@@ -786,15 +877,13 @@ def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
     if rules.gpus_per_node is not None and per > rules.gpus_per_node:
         return {**row, "feasible": False, "evaluations": 0,
                 "reason": f"not applicable: a replica of {per} GPUs straddles nodes of {rules.gpus_per_node}"}
-    floor = rules.min_replicas
-    if cap_rps is None and rules.max_utilisation is not None:
+    if cap_rps is None:
         cap_rps = capacity_of(one, spec.points, speculative=True).rps
-    if cap_rps is not None:
-        floor, bound = replica_bounds(spec, cap_rps, rate)
-        start = max(start, bound)
+    floor, bound = replica_bounds(spec, cap_rps, rate)
+    start = max(start, bound)
     extra = 1 if rules.redundancy == "n+1" else 0
     r = min_rack(spec.base, s, gpu, spec.prices, rate, spec.max_gpus - extra * per, spec.seeds, tu, start,
-                 traffic=spec.traffic, floor=floor, points=spec.points)
+                 traffic=spec.traffic, floor=floor, points=spec.points, cap_rps=cap_rps)
     row.update(feasible=r["feasible"], evaluations=r.get("evaluations", 0))
     if not r["feasible"]:
         row["reason"] = r["reason"] + (" (one replica kept for n+1)" if extra else "")
@@ -804,7 +893,7 @@ def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
     if extra:  # n+1: the rack that meets the SLO with one replica down; its own run is reported
         replicas += 1
         ev = evaluate(_scenario(spec.base, s, gpu, spec.prices, replicas, rate, tu, traffic=spec.traffic), spec.seeds,
-                      spec.points)
+                      spec.points, replicas * cap_rps)
         sm = ev["summary"]
         row["evaluations"] += 1
     price = sm["usd_per_gpu_hour"]
@@ -812,6 +901,7 @@ def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
         replicas=replicas, gpus=replicas * per, gpus_per_replica=per, redundancy=rules.redundancy,
         one_fewer_meets_slo=True if extra else r["one_fewer_meets_slo"],
         simulated_rate_rps=sm["offered_rps"], judged_requests=sm["judged_requests"], itl_samples=sm["itl_samples"],
+        run_warmup_s=sm.get("run_warmup_s"), run_window_s=sm.get("run_window_s"),
         verdict=sm["verdict"],
         ttft_p50_s=sm["ttft_s"]["p50"], tpot_p50_s=sm["tpot_s"]["p50"], itl_p50_s=sm["itl_s"]["p50"],
         ttft_p99_s=sm["ttft_s"]["p99"], tpot_p99_s=sm["tpot_s"]["p99"], itl_p99_s=sm["itl_s"]["p99"],
@@ -989,11 +1079,13 @@ def headroom(spec: PlanSpec, s: Strategy, gpu: str, row: dict[str, Any]) -> dict
 
     def ok(r: float) -> bool:
         sc = _scenario(spec.base, s, gpu, spec.prices, replicas, r, tu, traffic=spec.traffic)
-        return bool(evaluate(sc, spec.seeds, spec.points)["meets_slo"])
+        return bool(evaluate(sc, spec.seeds, spec.points, cap)["meets_slo"])
 
     lo, hi, runs = rate, math.inf, 0
     cap = row.get("capacity_rps")
-    guess = float(cap) * (1.0 + CAP_SLACK) if cap is not None and cap == cap and cap > rate else 2.0 * rate
+    cap = float(cap) if cap is not None and cap == cap else None
+    # no rack carries more than its capacity (evaluate fails it unrun): start just below it
+    guess = 0.97 * cap if cap is not None and 0.97 * cap > rate else 2.0 * rate
     while hi == math.inf and lo < 4.0 * rate:
         trial = min(max(guess, lo * 1.1), 4.0 * rate)
         runs += 1

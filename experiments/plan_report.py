@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from experiments.plan import CAP_SLACK, HEADROOM_TOL, HEADROOM_TOP
+from experiments.plan import HEADROOM_TOL, HEADROOM_TOP
 from experiments.report import colour_of, log_axis
 
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
@@ -334,8 +334,8 @@ def header_html(spec: Any) -> str:
 
 
 PRUNING = ("Pruning, before any rack is simulated: a configuration of capacity C req/s per replica (measured by "
-           f"sim.capacity) needs at least ceil(rate / (C x {1 + CAP_SLACK:g})) replicas ({CAP_SLACK:.0%} slack for the "
-           "capacity's noise), more if "
+           "sim.capacity) needs more than rate / C replicas (a rack offered its capacity or more fails without "
+           "simulation), more if "
            "min_replicas, max_utilisation or n+1 ask; it is skipped if that exceeds max_gpus, or if that cheapest "
            "possible rack already costs more than the best passing rack found so far (configurations are simulated "
            "cheapest bound first). Pruned configurations are listed with their bound; the frontier is drawn over "

@@ -41,14 +41,15 @@ def test_the_bundled_buy_plan_reads_as_written(stub_capacity: None, quick: bool)
 
 
 def test_a_bundled_plan_rack_priced_by_hand(stub_capacity: None) -> None:
-    """9 L40S replicas (8 to carry 40 req/s at 5 req/s each, + 1 for n+1) fill two 8-GPU nodes."""
+    """10 L40S replicas (9 to carry 40 req/s at 5 req/s each: 8 would be offered exactly their
+    capacity; + 1 for n+1) fill two 8-GPU nodes."""
     spec = load_plan(PLAN)
     floor, bound = replica_bounds(spec, 5.0, spec.rate_rps)
-    assert (floor, bound) == (2, 8)  # ceil(40 / (5 x 1.1)) = 8; min_replicas 2
+    assert (floor, bound) == (2, 9)  # more than 40 / 5 = 8; min_replicas 2
     c = monthly_cost(spec.cost, "l40s", 0.0, bound + 1, 1, 8, busy_fraction=0.5)
     months = 12 * 4
     serving = 16 * 8500 / months + 2 * (30000 / months + 1500)
-    draw = 9 * (0.3 + 0.7 * 0.5) + 7 * 0.3  # busy GPUs and the idle ones the two nodes hold, in TDPs
+    draw = 10 * (0.3 + 0.7 * 0.5) + 6 * 0.3  # busy GPUs and the idle ones the two nodes hold, in TDPs
     power = get_gpu("l40s").tdp_w * draw * 1.35 * 720 / 1000 * 0.12
     assert (c["nodes"], c["billed_gpus"]) == (2, 16)
     assert c["serving_usd_per_month"] == pytest.approx(serving) and c["power_usd_per_month"] == pytest.approx(power)
