@@ -343,6 +343,18 @@ def summary_text(df: pd.DataFrame, sp: pd.DataFrame, capacities: dict[str, dict[
             pts = over.groupby("variant")[x].min()
             lines.append("Overloaded (requests in system or TTFT growing over the run) from: "
                          + ", ".join(f"{v} at {short(u)}" for v, u in pts.items()) + ".")
+        if "settled" in df and not df.settled.astype(bool).all():
+            loose = df[~df.settled.astype(bool) & (df.verdict != "overloaded")]
+            if len(loose):
+                pts = loose.groupby("variant", sort=False)[x].min()
+                lines.append(
+                    f"{len(loose)} run(s) too short for their load to settle: they started empty and the start-up "
+                    "may bias over 5% of their window (relaxation time = mean time in system / (1 - offered / the "
+                    "variant's own capacity); docs/METRICS.md, 'Planner run length'), so their latencies are "
+                    "understated (at 0.85 on default-mix, 200 s runs understate the baseline's mean TPOT by ~7% "
+                    "and overstate the 1B draft's speedup by ~3% against 2300 s runs). Lengthen "
+                    "workload.duration_s and warmup_s to judge them; from: "
+                    + ", ".join(f"{v} at {short(u)}" for v, u in pts.items()) + ".")
         few = df[df.verdict == "insufficient"]
         if len(few):
             lines.append(f"{len(few)} run(s) too short or with too few requests to judge stability (verdict "

@@ -256,6 +256,8 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
         row["speculative_method"] = sc.speculative.method if sc.speculative else "none"
         row["speculative_policy"] = sc.speculative.policy if sc.speculative else "none"
         row["num_speculative_tokens"] = sc.speculative.num_speculative_tokens if sc.speculative else 0
+        row["run_warmup_s"] = sc.workload.warmup_s
+        row["run_window_s"] = sc.workload.duration_s - sc.workload.warmup_s
         row["error"] = ""
     except Exception as err:  # a failed point is reported, never fatal to the sweep
         row["error"] = f"{type(err).__name__}: {err}"
@@ -446,7 +448,28 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, exec
         for col, val in c.items():
             if col != "curve":  # the closed-loop curve goes to capacity.csv, not into every row
                 df.loc[df.variant == name, col] = val
+    if spec.utilisation and len(df) and {"capacity_rps", "offered_rps", "e2e_s_mean", "run_window_s"} <= set(df):
+        df = settledness(df)
     return df, caps
+
+
+RAMP_SHARE_MAX = 0.05  # a point is 'settled' when the start-up transient may bias at most 5% of its window
+
+
+def settledness(df: pd.DataFrame) -> pd.DataFrame:
+    """Whether each open-loop point's run was long enough for its load to settle: the relaxation
+    time of requests in system t = mean time in system / (1 - rho), rho = offered over the
+    variant's own capacity (docs/METRICS.md, 'Planner run length'), and `ramp_share` =
+    e^(-warm-up / t) x t / window, the share of the window the start-up deficit (a run starts
+    empty) still biases; `settled` when it is at most RAMP_SHARE_MAX. An unsettled point's
+    latencies are understated. (The planner, judging p99s against SLO targets, asks more: 3
+    relaxation times of warm-up and 10 of window.)"""
+    rho = df.offered_rps.astype(float) / df.capacity_rps.astype(float)
+    relax = np.where(rho < 1.0, df.e2e_s_mean.astype(float) / (1.0 - rho.clip(upper=0.999999)), np.inf)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        share = np.exp(-df.run_warmup_s.astype(float) / relax) * np.minimum(1.0, relax / df.run_window_s.astype(float))
+    share = np.where(np.isfinite(relax), share, 1.0)
+    return df.assign(own_utilisation=rho, relaxation_s=relax, ramp_share=share, settled=share <= RAMP_SHARE_MAX)
 
 
 @contextlib.contextmanager

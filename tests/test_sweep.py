@@ -127,6 +127,21 @@ def test_quick_report_is_self_contained(quick: dict[str, Any]) -> None:
     assert (quick["df"].engine_profile == "vllm-v1").all()  # and so does every row
 
 
+def test_points_too_short_for_their_load_are_flagged(quick: dict[str, Any]) -> None:
+    """A run starts empty; near capacity its load settles over many lifetimes (docs/METRICS.md,
+    'Planner run length'). The quick sweep's 120 s runs settle at 0.3 but not at 0.85 (baseline:
+    relaxation time ~90 s), and the report says which points understate their latencies."""
+    df = quick["df"]
+    base = df[df.variant == "baseline"]
+    np.testing.assert_allclose(base.own_utilisation, base.offered_rps / base.capacity_rps)
+    np.testing.assert_allclose(base.relaxation_s, base.e2e_s_mean / (1 - base.own_utilisation))
+    assert base[base.utilisation == 0.30].settled.all()
+    assert not base[base.utilisation == 0.85].settled.any()
+    assert (base[base.utilisation == 0.85].relaxation_s > 40).all()
+    html = (quick["out"] / "report.html").read_text()
+    assert re.search(r"too short for their load to settle[^<]*baseline at 0\.(6|85)", html)
+
+
 def test_draft_speeds_up_tpot_but_not_ttft_at_low_load(quick: dict[str, Any]) -> None:
     """At the lowest utilisation the 1B draft is faster per token (TPOT speedup > 1) while its
     mean TTFT is not better than baseline's: the draft's prefill adds time."""
