@@ -69,6 +69,28 @@ class VerifyPlan(NamedTuple):
     draft_ctx: float
 
 
+class RunSegment(NamedTuple):
+    """One segment of a fused run of plain decode steps (`Replica._plan_run`): `steps` steps of
+    the same sequences from `start_s`, the first lasting d0, each next one `slope` longer, ending
+    at `end_s` (when `finishing`, with a sequence finishing); the contexts and KV blocks after it,
+    the blocks it takes (`new_blocks`; `new_blocks_but_last`: in its first steps - 1, when
+    `split`: its last step ends at or after the bound and is logged apart)."""
+
+    steps: int
+    d0: float
+    slope: float
+    split: bool
+    ctx0: float
+    finishing: bool
+    start_s: float
+    end_s: float
+    computed_after: np.ndarray
+    blocks_after: np.ndarray
+    new_blocks: int
+    new_blocks_but_last: int
+    leaving: int = 0  # sequences finishing at its end, when the run goes on after it
+
+
 class StepLog:
     """Column store for the step table, in blocks (amortised O(1) appends; no block is ever
     copied until `table`, so the peak is the rows plus one copy of them, not three)."""
@@ -136,9 +158,10 @@ class FuseBound:
         self.next_arrival_s = math.inf
         self.next_index = 0
 
-    def _routed_s(self, replica: int) -> tuple[float, float]:
+    def _routed_s(self, replica: int, outstanding: int | None = None) -> tuple[float, float]:
         """The earliest arrival that could be sent to this replica, and the earliest at which
-        the backlog limit could stop the run (open loop, with routing)."""
+        the backlog limit could stop the run (open loop, with routing); `outstanding`: the
+        replica's count to assume (a fused run planned past its completions), else its own."""
         assert self.routing is not None
         _, reps, limit, router = self.routing
         g = self.next_index
@@ -147,7 +170,7 @@ class FuseBound:
         elif router == "prefix_affinity":
             j = g  # the next request may come here (its route depends on the caches)
         else:
-            o = reps[replica].outstanding()
+            o = reps[replica].outstanding() if outstanding is None else outstanding
             j = g + sum(max(0, o + (s.idx < replica) - s.outstanding()) for s in reps if s.idx != replica)
         stop = g + max(0, limit - sum(len(s.waiting) for s in reps))
         return self._arrival_s(min(j, stop)), self._arrival_s(stop)
@@ -159,7 +182,7 @@ class FuseBound:
         # an arrival event lands on now + (t - now), within an ulp or two of t
         return float(queued[j]) * (1.0 - 1e-15) if j < queued.size else math.inf
 
-    def next_s(self, now: float, replica: int = 0) -> tuple[float, float]:
+    def next_s(self, now: float, replica: int = 0, outstanding: int | None = None) -> tuple[float, float]:
         """(bound, end bound): every step of a fused run must start before the bound (then
         nothing has reached the replica when it is planned) and the run must end before the end
         bound (the run's horizon, or an arrival at which the backlog limit could stop the run:
@@ -171,7 +194,7 @@ class FuseBound:
             t = self.next_arrival_s
             end = min(end, t)
         else:
-            t, stop = self._routed_s(replica)
+            t, stop = self._routed_s(replica, outstanding)
             end = min(end, stop)
         i = bisect.bisect_right(self.cuts_s, now)
         if i < len(self.cuts_s):
@@ -281,11 +304,21 @@ class Replica:
         self.wakeup = env.event()
         self.idle = True
         self.speculating = True  # speculative.policy "follow_load": switched by sim.fleet.FollowLoad
+        self._gone: list[tuple[float, int]] = []  # a fused run in flight: (time, sequences) completing inside it
         self.proc = env.process(self.run())
 
     # ------------------------------------------------------------- routing
     def outstanding(self) -> int:
-        return self.n_running + len(self.waiting)
+        """Requests running or waiting here now: during a fused run through completions, less the
+        sequences whose completion inside the run has already passed (they leave the slot arrays
+        only when the run ends; the router must see what the unfused engine would show)."""
+        o = self.n_running + len(self.waiting)
+        if self._gone:
+            now = self.env.now
+            for t, count in self._gone:
+                if t < now:  # an arrival at the same instant comes first (URGENT), as unfused
+                    o -= count
+        return o
 
     def submit(self, rid: int) -> None:
         self.waiting.append(rid)
@@ -674,10 +707,10 @@ class Replica:
                 self.idle = False
             if self.fuse is not None and stalled_s == 0.0:
                 if spec is None:
-                    run = self._plan_run()
-                    if run is not None:
-                        yield from self._fused_run(*run)
-                        decode_left = (decode_left - run[0]) % rt.scheduler_steps
+                    segs = self._plan_run()
+                    if segs is not None:
+                        done_steps = yield from self._fused_run(segs)
+                        decode_left = (decode_left - done_steps) % rt.scheduler_steps
                         continue
                 else:
                     done_steps = yield from self._spec_run()
@@ -849,7 +882,15 @@ class Replica:
                 reqs.on_complete(int(f.size))
 
     # ------------------------------------------------------------- step fusion
-    def _plan_run(self) -> tuple[int, float, float, list[int], bool, float, bool] | None:
+    def _chains(self) -> bool:
+        """Whether a fused run may go on through completions: nothing outside the replica reacts
+        to one (no `on_complete` hook: not a closed loop, no autoscaler), an open loop's bound
+        (a closed loop's is the next event anywhere) and no prefix cache (a leaving sequence's
+        blocks would join the cache the router reads)."""
+        fb = self.fuse
+        return fb is not None and fb.arrivals and self.reqs.on_complete is None and self.cache is None
+
+    def _plan_run(self) -> list[RunSegment] | None:
         """The next n >= 2 steps as one fused run, when they are pure decode steps the unfused loop
         would take one by one with nothing else changing: every running sequence decodes one token
         (no partial prefill, no speculation), no admission is possible (nothing waits, or no slot
@@ -858,13 +899,13 @@ class Replica:
         before anything could reach this replica (`FuseBound.next_s`; so the steps all start on
         one side of each metric window boundary) and the run ends before the horizon.
 
-        Step j of such a run has the batch of step 0 with the context grown by j tokens per
-        sequence, so its duration is d0 + j x slope (the step cost is affine in the context: the
-        attention roofline is proportional to context + new tokens in both its branches).
-        Returns (n, d0, slope, cumulative new KV blocks per step, whether the last step ends at or
-        after the bound: then something may reach the replica during it, so it is logged as a row
-        of its own with the waiting queue at its end, the context at step 0, whether a sequence
-        finishes at the last step), or None for an ordinary step."""
+        When the run's last step completes a sequence, nothing waits and nothing outside reacts
+        to a completion (`_chains`), the run goes on with the smaller batch: the finished
+        sequences leave at the exact end of that step and the next segment is planned from
+        there, the same way (a segment of one step included), with the bound recomputed from the
+        replica's reduced outstanding count under least-outstanding routing (fewer outstanding
+        here: more arrivals may come here; the bound can only tighten). The segments, advanced
+        in one timeout by `_fused_run`, are returned; None for an ordinary step."""
         n = self.n_running
         fb = self.fuse
         assert fb is not None
@@ -873,69 +914,125 @@ class Replica:
         c = self.computed[:n]
         if (c < self.target[:n]).any():
             return None
-        m = rem = int((self.out[:n] - self.gen[:n]).min())  # a sequence finishes at step m
+        rem = self.out[:n] - self.gen[:n]
+        m = int(rem.min())  # a sequence finishes at step m
         if m < 2:
             return None
-        now = self.env.now
-        bound, end_bound = fb.next_s(now, self.idx)
+        t = self.env.now
+        bound, end_bound = fb.next_s(t, self.idx)
+        held = int(self.blocks[:n].sum())
+        seg = self._plan_segment(t, n, c, m, self.free_blocks, held, bound, end_bound, 2)
+        if seg is None:
+            return None
+        segs = [seg]
+        if not seg.finishing or seg.split or self.waiting or not self._chains():
+            return segs
+        least = fb.routing is not None and fb.routing[3] == "least_outstanding"
+        free = self.free_blocks
+        while True:
+            rem = rem - seg.steps
+            keep = rem > 0
+            held_all = int(seg.blocks_after.sum())
+            c, rem, ba = seg.computed_after[keep], rem[keep], seg.blocks_after[keep]
+            held = int(ba.sum())
+            segs[-1] = seg._replace(leaving=n - c.size)
+            free += held_all - held - seg.new_blocks  # the finished sequences' blocks are freed
+            n = c.size
+            if n == 0:
+                break
+            t = seg.end_s
+            if least:
+                bound, end_bound = fb.next_s(t, self.idx, outstanding=n)
+            seg = self._plan_segment(t, n, c, int(rem.min()), free, held, bound, end_bound, 1)
+            if seg is None:
+                break
+            segs.append(seg)
+            if not seg.finishing or seg.split:
+                break
+        return segs
+
+    def _plan_segment(self, t: float, n: int, c: np.ndarray, m: int, free: int, held: int, bound: float,
+                      end_bound: float, min_steps: int) -> RunSegment | None:
+        """One segment of a fused run from time t: n sequences at contexts c (blocks held
+        ceil(c / B), `held` in all), the first finishing at step m, `free` blocks free; its steps
+        start before `bound` and it ends before `end_bound`. None when fewer than `min_steps`.
+
+        Step j has the batch of step 0 with the context grown by j tokens per sequence, so its
+        duration is d0 + j x slope (the step cost is affine in the context: the attention roofline
+        is proportional to context + new tokens in both its branches)."""
         cost = self.rt.cost
+        finish = m
         ctx0 = float(c.sum())
         d0 = cost.decode_s(n, ctx0)
-        limit = min(bound, end_bound)
-        m = min(m, FUSE_MAX_STEPS, int((limit - now) / d0) + 2)  # durations never fall as the context grows
-        if m < 2:
+        limit = bound if bound < end_bound else end_bound
+        m = min(m, FUSE_MAX_STEPS, int((limit - t) / d0) + 2)  # durations never fall as the context grows
+        if m < min_steps:
             return None
-        # KV (blocks held are ceil(computed / B) for every decoding sequence): sequence i needs a
-        # new block at step j when (c_i + j) % B == 0; new blocks over steps 0..s-1 are
+        # KV: sequence i needs a new block at step j when (c_i + j) % B == 0, at most m // B + 1
+        # times in m steps; when that may not fit, the new blocks over steps 0..s-1 are
         # (s // B) x n + first[s % B], first[r] = new blocks in the first r steps of a cycle
-        first = [0, *np.cumsum(np.bincount((-c) % BLOCK_SIZE, minlength=BLOCK_SIZE)).tolist()]
-        free = self.free_blocks
-        if (m // BLOCK_SIZE) * n + first[m % BLOCK_SIZE] > free:
-            s = (free // n) * BLOCK_SIZE  # whole cycles that fit, then step by step
-            while s < m and ((s + 1) // BLOCK_SIZE) * n + first[(s + 1) % BLOCK_SIZE] <= free:
-                s += 1
-            m = s
-            if m < 2:
-                return None
+        if n * (m // BLOCK_SIZE + 1) > free:
+            first = [0, *np.cumsum(np.bincount((-c) % BLOCK_SIZE, minlength=BLOCK_SIZE)).tolist()]
+            if (m // BLOCK_SIZE) * n + first[m % BLOCK_SIZE] > free:
+                s = (free // n) * BLOCK_SIZE  # whole cycles that fit, then step by step
+                while s < m and ((s + 1) // BLOCK_SIZE) * n + first[(s + 1) % BLOCK_SIZE] <= free:
+                    s += 1
+                m = s
+                if m < min_steps:
+                    return None
         last = m - 1
-        slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last
-        # steps starting before the bound (the last may end after it), the run ending before the horizon
+        slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
+
+        # steps starting before the bound (the last may end after it), the segment ending before the horizon
         def start(j: int) -> float:
-            return now + j * d0 + slope * (j * (j - 1) / 2.0)
+            return t + j * d0 + slope * (j * (j - 1) / 2.0)
 
         k = m
-        while k >= 2 and (start(k - 1) >= bound or start(k) >= end_bound):
+        while k >= min_steps and (start(k - 1) >= bound or start(k) >= end_bound):
             k -= 1
-        if k < 2:
+        if k < min_steps:
             return None
-        cum = [(s // BLOCK_SIZE) * n + first[s % BLOCK_SIZE] for s in (k - 1, k)]
-        return k, d0, slope, cum, start(k) >= bound, ctx0, k == rem
+        after = c + k
+        ba = (after + (BLOCK_SIZE - 1)) // BLOCK_SIZE
+        split = start(k) >= bound
+        # blocks held after the first k - 1 steps (the row of a split segment's first part)
+        but_last = int(((after + (BLOCK_SIZE - 2)) // BLOCK_SIZE).sum()) - held if split else 0
+        return RunSegment(k, d0, slope, split, ctx0, k == finish, t, t + (k * d0 + slope * (k * (k - 1) / 2.0)),
+                          after, ba, int(ba.sum()) - held, but_last)
 
-    def _fused_run(self, steps: int, d0: float, slope: float, cum: list[int], split: bool, ctx0: float,
-                   finishing: bool) -> Generator[simpy.Event, Any, None]:
-        """Advance a planned run of decode steps in one timeout and log it as one run-length row
-        (two when `split`: the run's last step apart)."""
+    def _fused_run(self, segs: list[RunSegment]) -> Generator[simpy.Event, Any, int]:
+        """Advance a planned run's segments in one timeout, then apply them in order: contexts,
+        outputs and KV blocks, the finished sequences leaving at their segment's end; each segment
+        logged as one run-length row (two when `split`: its last step apart). Returns the steps."""
         env = self.env
-        n = self.n_running
-        used0 = self.rt.plan.num_blocks - self.free_blocks
-        self.free_blocks -= cum[1]
-        start = env.now
-        waiting = len(self.waiting)
-        total = steps * d0 + slope * (steps * (steps - 1) / 2.0)
-        yield env.timeout(total)
-        self.computed[:n] += steps
-        self.blocks[:n] = -(-self.computed[:n] // BLOCK_SIZE)
-        self.gen[:n] += steps
-        if finishing:
-            self._leave(env.now)
-        used_blocks = self.rt.plan.num_blocks - self.free_blocks
-        if split:
-            self._log_run(start, steps - 1, d0, slope, n, ctx0, used0 + cum[0], waiting)
-            last = (steps - 1) * d0 + slope * ((steps - 1) * (steps - 2) / 2.0)
-            self._log_run(start + last, 1, d0 + (steps - 1) * slope, 0.0, n, ctx0 + (steps - 1) * n, used_blocks,
-                          len(self.waiting))
-        else:
-            self._log_run(start, steps, d0, slope, n, ctx0, used_blocks, waiting)
+        waiting = len(self.waiting)  # nothing reaches the replica before the last step starts
+        num_blocks = self.rt.plan.num_blocks
+        self._gone = [(seg.end_s, seg.leaving) for seg in segs if seg.leaving]
+        yield env.timeout(segs[-1].end_s - env.now)
+        self._gone = []
+        steps = 0
+        for seg in segs:
+            n = self.n_running
+            k = seg.steps
+            steps += k
+            used0 = num_blocks - self.free_blocks
+            self.free_blocks -= seg.new_blocks
+            self.computed[:n] = seg.computed_after
+            self.blocks[:n] = seg.blocks_after
+            self.gen[:n] += k
+            if seg.finishing:
+                self._leave(seg.end_s)
+            used_blocks = num_blocks - self.free_blocks
+            if seg.split:
+                if k > 1:
+                    self._log_run(seg.start_s, k - 1, seg.d0, seg.slope, n, seg.ctx0,
+                                  used0 + seg.new_blocks_but_last, waiting)
+                last = (k - 1) * seg.d0 + seg.slope * ((k - 1) * (k - 2) / 2.0)
+                self._log_run(seg.start_s + last, 1, seg.d0 + (k - 1) * seg.slope, 0.0, n, seg.ctx0 + (k - 1) * n,
+                              used_blocks, len(self.waiting))
+            else:
+                self._log_run(seg.start_s, k, seg.d0, seg.slope, n, seg.ctx0, used_blocks, waiting)
+        return steps
 
     def _log_run(self, start: float, steps: int, d0: float, slope: float, n: int, ctx0: float,
                  used_blocks: int, waiting: int) -> None:

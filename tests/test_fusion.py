@@ -42,6 +42,7 @@ def _same_steps(unfused: pd.DataFrame, fused: pd.DataFrame) -> None:
     """The fused table, expanded, is the unfused one: every step's start, duration, batch, tokens
     and chunk gap; FLOPs and bytes in total (expansion spreads a run's total evenly)."""
     assert (unfused["count"] == 1).all()
+    assert (fused["count"] >= 1).all() and (fused["duration_s"] > 0).all(), "an empty run-length row"
     assert int(fused["count"].sum()) == len(unfused)
     e = expand_steps(fused)
     key = ["replica", "start_s"]
@@ -182,6 +183,37 @@ def test_fused_equals_unfused_on_a_trace_like_table(make_scenario) -> None:
         _same_requests(res[False][0], res[True][0])
         _same_steps(res[False][1], res[True][1])
         assert res[False][3] == pytest.approx(res[True][3], rel=RTOL)
+
+
+@pytest.fixture
+def segment_counter(monkeypatch):
+    """Segments per fused plain-decode run (`Replica._fused_run`: more than one when the run went
+    on through completions)."""
+    from sim import engine
+
+    seen: list[int] = []
+    inner = engine.Replica._fused_run
+
+    def counted(self, segs):
+        seen.append(len(segs))
+        return (yield from inner(self, segs))
+
+    monkeypatch.setattr(engine.Replica, "_fused_run", counted)
+    return seen
+
+
+@pytest.mark.parametrize(("name", "chains"), [("light", True), ("4-replicas-least", True), ("2-replicas-rr", True),
+                                              ("closed", False), ("gated", False)])
+def test_runs_go_on_through_completions_only_where_nothing_reacts(make_scenario, segment_counter, name: str,
+                                                                  chains: bool) -> None:
+    """Open loop: a run whose last step completes a sequence goes on with the smaller batch (exact:
+    the matrix above); a closed loop (a completion sends the next request, also behind
+    max_concurrency) ends the run at every completion."""
+    sc = make_scenario(**_MATRIX[name])
+    sim = simulate(sc.with_overrides({"sim.fuse_steps": True}), 1)
+    assert segment_counter and (max(segment_counter) > 1) == chains
+    if chains:  # most completions fall inside a run, not at its end
+        assert sum(s - 1 for s in segment_counter) > 0.3 * int(sim.requests.completion_s.notna().sum())
 
 
 def test_sliding_window_models_do_not_fuse(make_scenario) -> None:
