@@ -93,15 +93,19 @@ class RunSegment(NamedTuple):
 
 class StepLog:
     """Column store for the step table, in blocks (amortised O(1) appends; no block is ever
-    copied until `table`, so the peak is the rows plus one copy of them, not three)."""
+    copied until `table`, so the peak is the rows plus one copy of them, not three). Single rows
+    wait in a short list and are written into the block together (one numpy assignment per
+    `PENDING_ROWS` rows, not one per row)."""
 
     BLOCK_ROWS = 1 << 16
+    PENDING_ROWS = 512
 
     def __init__(self, capacity: int = 4096) -> None:
         self.n = 0  # rows logged
         self._done: list[np.ndarray] = []  # full (or closed) blocks, trimmed
         self._cur = np.zeros((capacity, len(STEP_COLUMNS)))
         self._i = 0  # rows in the current block
+        self._pending: list[tuple[float, ...]] = []  # single rows not yet in the block
 
     def _next_block(self, rows: int) -> None:
         self._done.append(self._cur[: self._i])
@@ -109,14 +113,24 @@ class StepLog:
         self._i = 0
 
     def append(self, row: tuple[float, ...]) -> None:
-        if self._i == self._cur.shape[0]:
-            self._next_block(1)
-        self._cur[self._i] = row
-        self._i += 1
+        self._pending.append(row)
         self.n += 1
+        if len(self._pending) >= self.PENDING_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        rows = self._pending
+        if not rows:
+            return
+        self._pending = []
+        if self._i + len(rows) > self._cur.shape[0]:
+            self._next_block(len(rows))
+        self._cur[self._i: self._i + len(rows)] = rows
+        self._i += len(rows)
 
     def block(self, rows: int) -> np.ndarray:
         """`rows` new rows at once, to be filled in place (a fused run of speculative steps)."""
+        self._flush()
         if self._i + rows > self._cur.shape[0]:
             self._next_block(rows)
         self._i += rows
@@ -124,6 +138,7 @@ class StepLog:
         return self._cur[self._i - rows: self._i]
 
     def table(self) -> np.ndarray:
+        self._flush()
         if not self._done:
             return self._cur[: self._i]
         return np.concatenate([*self._done, self._cur[: self._i]])
@@ -266,7 +281,9 @@ class Replica:
     sequences, never history.
     """
 
-    _FIELDS = ("rid", "computed", "target", "blocks", "gen", "out", "acc", "n_acc", "n_prop", "n_verify", "n_vemit")
+    # the integer state, one row each of one (fields x slots) array, so a departure compacts all in one operation
+    _INT_FIELDS = ("rid", "computed", "target", "blocks", "gen", "out", "n_acc", "n_prop", "n_verify", "n_vemit",
+                   "n_units", "c_blocks")
 
     def __init__(self, env: simpy.Environment, idx: int, rt: ReplicaRuntime, reqs: Requests,
                  rng: np.random.Generator, log: StepLog, fuse: FuseBound | None = None) -> None:
@@ -280,25 +297,25 @@ class Replica:
             spec.draft_cost is None or (isinstance(spec.draft_cost, CostModel) and spec.draft_cost.affine_in_context)))
         self.fuse = fuse if (spec_ok and isinstance(rt.cost, CostModel) and rt.cost.affine_in_context) else None
         s = rt.max_num_seqs
-        self.rid = np.full(s, -1, dtype=np.int64)
-        self.computed = np.zeros(s, dtype=np.int64)  # tokens whose KV is computed
-        self.target = np.zeros(s, dtype=np.int64)  # tokens to prefill before decoding
-        self.blocks = np.zeros(s, dtype=np.int64)  # KV blocks held
-        self.gen = np.zeros(s, dtype=np.int64)  # output tokens generated (kept across preemption)
-        self.out = np.zeros(s, dtype=np.int64)  # output tokens the request will generate
+        self._ints = np.zeros((len(self._INT_FIELDS), s), dtype=np.int64)
+        (self.rid,  # request id of the entry
+         self.computed,  # tokens whose KV is computed
+         self.target,  # tokens to prefill before decoding
+         self.blocks,  # KV blocks held
+         self.gen,  # output tokens generated (kept across preemption)
+         self.out,  # output tokens the request will generate
+         self.n_acc,  # drafted tokens accepted so far
+         self.n_prop,  # drafted tokens proposed so far
+         self.n_verify,  # verification steps so far
+         self.n_vemit,  # tokens emitted by those verifications
+         self.n_units,  # prefix caching: leading units of its request the entry references
+         self.c_blocks,  # prefix caching: KV blocks of those units (shared, not private)
+         ) = self._ints  # row views
+        self.rid[:] = -1
         self.acc = np.zeros(s)  # per-token acceptance rate of the request
-        self.n_acc = np.zeros(s, dtype=np.int64)  # drafted tokens accepted so far
-        self.n_prop = np.zeros(s, dtype=np.int64)  # drafted tokens proposed so far
-        self.n_verify = np.zeros(s, dtype=np.int64)  # verification steps so far
-        self.n_vemit = np.zeros(s, dtype=np.int64)  # tokens emitted by those verifications
         self.free_blocks = rt.plan.num_blocks  # truly free + unreferenced cached (evictable) blocks
         # prefix caching, decided once: only when enabled and some request carries block hashes
         self.cache = PrefixCache() if (rt.prefix_caching and reqs.unit_off is not None) else None
-        self._fields: tuple[str, ...] = self._FIELDS
-        if self.cache is not None:
-            self.n_units = np.zeros(s, dtype=np.int64)  # leading units of its request the entry references
-            self.c_blocks = np.zeros(s, dtype=np.int64)  # KV blocks of those units (shared, not private)
-            self._fields = (*self._FIELDS, "n_units", "c_blocks")
         self.waiting: deque[int] = deque()
         self.n_running = 0
         self.wakeup = env.event()
@@ -458,10 +475,11 @@ class Replica:
 
     def _compact(self, keep: np.ndarray) -> None:
         n = self.n_running
-        m = int(keep.sum())
-        for f in self._fields:
-            a = getattr(self, f)
-            a[:m] = a[:n][keep]
+        ints = self._ints
+        kept = ints[:, :n][:, keep]
+        m = kept.shape[1]
+        ints[:, :m] = kept
+        self.acc[:m] = self.acc[:n][keep]
         self.n_running = m
 
     def _choose_k(self, dec: np.ndarray) -> int:
@@ -719,6 +737,7 @@ class Replica:
                         continue
             n = self.n_running
             dec = self.computed[:n] >= self.target[:n]
+            all_dec = bool(dec.all())
             chunk_idx: list[int] = []
             chunks: list[int] = []
             preempted = stalling = False
@@ -756,7 +775,9 @@ class Replica:
                         grow = np.where(matched[:n], np.minimum(q, self.out[:n] - self.gen[:n]), 1)
                     else:
                         grow = np.minimum(q, self.out[:n] - self.gen[:n])
-                    need = np.where(dec, -(-(self.computed[:n] + grow) // BLOCK_SIZE) - self.blocks[:n], 0)
+                    need = (self.computed[:n] + (grow + BLOCK_SIZE - 1)) // BLOCK_SIZE - self.blocks[:n]
+                    if not all_dec:
+                        need *= dec  # blocks for the decoding sequences only
                     need_total = int(need.sum())
                     if need_total <= self.free_blocks:
                         break
@@ -767,7 +788,7 @@ class Replica:
                 if need_total:
                     self.blocks[:n] += need
                     self.free_blocks -= need_total
-                n_dec = int(dec.sum())
+                n_dec = n if all_dec else int(dec.sum())
                 decode_left = decode_left - 1 if decode_left else rt.scheduler_steps - 1
                 # decoding entries: a slice (a cheap view) when every running sequence decodes
                 ds = slice(0, n) if n_dec == n else np.flatnonzero(dec)
@@ -785,7 +806,11 @@ class Replica:
                 if self.n_running:
                     self._preempt_youngest()
                 continue
-            if n_pre:
+            if n_pre == 1:  # one chunk (the usual case): the sums below, of one element, in scalars
+                pre_tokens = float(chunks[0])
+                pre_ctx = float(self.computed[chunk_idx[0]])
+                pre_pairs = pre_tokens * pre_ctx + 0.5 * (pre_tokens * (pre_tokens + 1.0))
+            elif n_pre:
                 cs = np.asarray(chunk_idx, dtype=np.int64)
                 ch = np.asarray(chunks, dtype=np.float64)
                 pre_ctx_arr = self.computed[cs].astype(np.float64)
@@ -836,18 +861,17 @@ class Replica:
                     self.free_blocks += int((self.blocks[ds] - keep).sum())
                     self.blocks[ds] = keep
             # 3b. prefill progress; a finished prefill samples one token
-            if n_pre:
-                self.computed[cs] += ch.astype(np.int64)
+            for j, chunk in zip(chunk_idx, chunks, strict=True):  # (entries are distinct)
+                self.computed[j] += chunk
                 if self.cache is not None:  # prefill work done, and its full units join the cache
-                    self.reqs.prefill_computed[self.rid[cs]] += ch.astype(np.int64)
-                    for j in cs.tolist():
-                        self._register(j)
-                done = cs[self.computed[cs] >= self.target[cs]]
-                if done.size:
-                    first = self.gen[done] == 0
-                    reqs.first_token[self.rid[done[first]]] = now
-                    self.gen[done] += 1
-                    emitted_total += int(done.size)
+                    reqs.prefill_computed[self.rid[j]] += chunk
+                    self._register(j)
+            for j in chunk_idx:
+                if self.computed[j] >= self.target[j]:
+                    if self.gen[j] == 0:
+                        reqs.first_token[self.rid[j]] = now
+                    self.gen[j] += 1
+                    emitted_total += 1
             # 3c. finished sequences leave
             self._leave(now)
             used_blocks = self.rt.plan.num_blocks - self.free_blocks
