@@ -52,6 +52,7 @@ STEP_COLUMNS = (
     "k", "kv_blocks_used", "waiting", "flops", "bytes", "target_s", "draft_s", "spec_overhead_s", "chunk_gap_s",
     "count", "gap_step_s",
 )
+STEP_INT_COLUMNS = ("replica", "batch_size", "decode_seqs", "k", "kv_blocks_used", "waiting", "count")  # int64
 FUSE_MAX_STEPS = 4096  # longest fused run planned at once (a longer one is planned again at its end)
 # most acceptance uniforms a fused speculative run draws at once (steps x sequences x k; its memory
 # and the draws wasted when it stops early stay bounded; a longer run continues in the next one)
@@ -136,6 +137,27 @@ class StepLog:
         self._i += rows
         self.n += rows
         return self._cur[self._i - rows: self._i]
+
+    def columns(self, ints: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+        """The step table as one array per column (`ints` as int64), the log emptied: each block is
+        copied into the columns and dropped in turn, so the peak is the rows plus one block, not
+        the rows twice (the columns' pages are touched only as they are filled)."""
+        self._flush()
+        self._done.append(self._cur[: self._i])
+        blocks, self._done = self._done, []
+        self._cur, self._i = np.zeros((0, len(STEP_COLUMNS))), 0
+        out = {c: np.empty(self.n, dtype=np.int64 if c in ints else np.float64) for c in STEP_COLUMNS}
+        cols = list(out.values())
+        at = 0
+        blocks.reverse()
+        while blocks:
+            b = blocks.pop()
+            for j, col in enumerate(cols):
+                col[at: at + b.shape[0]] = b[:, j]
+            at += b.shape[0]
+            del b
+        self.n = 0
+        return out
 
     def table(self) -> np.ndarray:
         self._flush()

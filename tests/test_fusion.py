@@ -489,6 +489,25 @@ def test_run_length_metrics_match_their_expansion() -> None:
         assert dist(gaps, w)["p90"] == dist(np.repeat(d0, cnt) + j * np.repeat(slope, cnt), np.repeat(g.decode_seqs, cnt))["p90"]
 
 
+def test_interval_itl_from_run_length_rows_matches_the_expansion(make_scenario) -> None:
+    """The intervals table's ITL, from each interval's run-length rows (`gap_dist`), is the
+    weighted distribution of the expanded steps starting in it: the same percentiles, exactly."""
+    from sim.metrics import dist, step_gaps
+
+    sc = make_scenario(workload={"rate_rps": 2.0, "duration_s": 60.0}, sim={"interval_s": 15.0})
+    res = simulate(sc, 1)
+    assert (res.steps["count"] > 1).any()
+    gaps, w = step_gaps(res.steps)
+    start = np.repeat(res.steps.start_s.to_numpy(), res.steps["count"].to_numpy())
+    assert len(res.intervals) >= 4
+    for row in res.intervals.itertuples():
+        inside = (start >= row.start_s) & (start < row.end_s)
+        ref = dist(gaps[inside], w[inside])
+        for p in ("p50", "p90", "p99"):
+            assert getattr(row, f"itl_s_{p}") == ref[p]
+        assert row.itl_s_mean == pytest.approx(ref["mean"], rel=1e-12)
+
+
 def test_itl_percentiles_from_run_length_rows_without_expanding() -> None:
     """`gap_dist` / `gap_moments` (what the summary and the benchmark figures use) pick exactly the
     percentiles the expanded gaps give, with ties, flat runs, one-step rows and clustered values;
