@@ -542,6 +542,8 @@ def test_bench_fusion_quick_reports_both_engines() -> None:
         assert p["measured_requests"] == 120 and p["speedup"] > 0 and p["speedup_cpu"] > 0
         assert p["fused"]["steps"] == p["unfused"]["steps"] and p["e2e_mean_rel_diff"] < 1e-9
         assert p["fused"]["steps_per_s"] > 0 and p["fused"]["peak_rss_mib"] > 0
+        assert p["fused"]["steps_per_request"] == p["unfused"]["steps_per_request"] > 1
+        assert p["fused"]["cpu_us_per_request"] > 0 and p["fused"]["step_rows_per_request"] >= 1
     assert out["a"]["steps_per_row"] > 1 and out["b"]["steps_per_row"] == 1  # speculative runs keep a row per step
 
 
