@@ -371,6 +371,8 @@ class Replica:
         r = self.rid[idx]
         reqs = self.reqs
         reqs.generated[r] = self.gen[idx]
+        if self.rt.spec is None:  # the draft counters stay as admitted (zero) without speculation
+            return
         reqs.accepted[r] = self.n_acc[idx]
         reqs.proposed[r] = self.n_prop[idx]
         reqs.verify_steps[r] = self.n_verify[idx]
@@ -684,7 +686,7 @@ class Replica:
         return bool((self.computed[:n] < self.target[:n]).any()) or bool(
             self.waiting and n < self.rt.max_num_seqs and self.free_blocks > 0)
 
-    def _plan_prefill(self, budget: int, dec: np.ndarray, admit: bool) -> tuple[list[int], list[int]]:
+    def _plan_prefill(self, budget: int, dec: np.ndarray, admit: bool, all_dec: bool) -> tuple[list[int], list[int]]:
         """Prefill chunks within the token budget: partial prefills (oldest first), then new
         admissions (FCFS) while a slot and blocks exist and `admit`. Without chunked prefill a
         prompt goes whole or waits (one longer than the whole budget goes alone)."""
@@ -692,7 +694,7 @@ class Replica:
         chunk_idx: list[int] = []
         chunks: list[int] = []
         full = budget
-        if not dec.all():
+        if not all_dec:
             for j in np.flatnonzero(~dec).tolist():
                 if budget <= 0:
                     break
@@ -709,7 +711,7 @@ class Replica:
             self.waiting.popleft()
             i = self._admit(rid)
             c = self._fit_chunk(i, budget, budget == full)
-            if np.isnan(reqs.scheduled[rid]):
+            if math.isnan(reqs.scheduled[rid]):
                 reqs.scheduled[rid] = self.env.now
             if c > 0:  # 0 only when a prefix-cache hit took the last free blocks: it waits for more
                 chunk_idx.append(i)
@@ -766,7 +768,7 @@ class Replica:
             if separate and not (decode_left and dec.any()) and self._prefill_pending():
                 # prefill steps of their own, scheduled first (vLLM V0's default scheduler, SGLang):
                 # decodes wait while any prompt can be prefilled
-                chunk_idx, chunks = self._plan_prefill(budget_max, dec, True)
+                chunk_idx, chunks = self._plan_prefill(budget_max, dec, True, all_dec)
             plan: VerifyPlan | None = None
             matched = None
             if chunk_idx:
@@ -820,7 +822,7 @@ class Replica:
                 plan = self._verify_plan(ds, k, None if matched is None else matched[:n][ds]) if general else None
                 if not separate:
                     dec_tokens = n_dec * q if plan is None else round(plan.tokens)
-                    chunk_idx, chunks = self._plan_prefill(budget_max - dec_tokens, dec, not preempted)
+                    chunk_idx, chunks = self._plan_prefill(budget_max - dec_tokens, dec, not preempted, all_dec)
             q = k + 1
             n_pre = len(chunk_idx)
             if n_dec == 0 and n_pre == 0:
