@@ -354,6 +354,13 @@ def test_step_log_blocks_keep_every_row_in_order() -> None:
             ref.append(rows)
     np.testing.assert_array_equal(log.table(), np.concatenate(ref))
     assert log.n == len(log.table())
+    # the column arrays the step table is built from: the same rows, integer columns as int64
+    cols = log.columns(("count",))
+    assert list(cols) == list(STEP_COLUMNS) and cols["count"].dtype == np.int64
+    whole = np.concatenate(ref)
+    for j, c in enumerate(STEP_COLUMNS):
+        np.testing.assert_array_equal(cols[c], whole[:, j].astype(cols[c].dtype))
+    assert log.n == 0 and len(log.table()) == 0  # the log hands its rows over
 
 
 def test_step_sums_many_is_bit_identical() -> None:
