@@ -90,6 +90,7 @@ class RunSegment(NamedTuple):
     new_blocks: int
     new_blocks_but_last: int
     leaving: int = 0  # sequences finishing at its end, when the run goes on after it
+    stay: np.ndarray | None = None  # ... and which stay (known from the plan; else found at its end)
 
 
 class StepLog:
@@ -910,12 +911,13 @@ class Replica:
             self.log.append((self.idx, start, total_s, n_dec + n_pre, n_dec, pre_tokens, dec_tok, emitted_total, k,
                              used_blocks, len(self.waiting), flops, nbytes, target_s, draft_s, over_s, gap, 1, 0.0))
 
-    def _leave(self, now: float) -> None:
-        """Finished sequences leave: completion times, blocks freed, the closed loop told."""
+    def _leave(self, now: float, stay: np.ndarray | None = None) -> None:
+        """Finished sequences leave: completion times, blocks freed, the closed loop told.
+        `stay`: the running entries that have not finished, when known (a fused run's plan)."""
         reqs = self.reqs
         n = self.n_running
-        fin = self.gen[:n] >= self.out[:n]
-        if fin.any():
+        fin = self.gen[:n] >= self.out[:n] if stay is None else ~stay
+        if stay is not None or fin.any():
             f = np.flatnonzero(fin)
             self._sync(f)
             reqs.completion[self.rid[f]] = now
@@ -925,7 +927,7 @@ class Replica:
             else:
                 for j in f.tolist():
                     self._release(j)
-            self._compact(~fin)
+            self._compact(~fin if stay is None else stay)
             if reqs.on_complete is not None:
                 reqs.on_complete(int(f.size))
 
@@ -980,10 +982,10 @@ class Replica:
         while True:
             rem = rem - seg.steps
             keep = rem > 0
-            held_all = int(seg.blocks_after.sum())
+            held_all = held + seg.new_blocks
             c, rem, ba = seg.computed_after[keep], rem[keep], seg.blocks_after[keep]
             held = int(ba.sum())
-            segs[-1] = seg._replace(leaving=n - c.size)
+            segs[-1] = seg._replace(leaving=n - c.size, stay=keep)
             free += held_all - held - seg.new_blocks  # the finished sequences' blocks are freed
             n = c.size
             if n == 0:
@@ -1069,7 +1071,7 @@ class Replica:
             self.blocks[:n] = seg.blocks_after
             self.gen[:n] += k
             if seg.finishing:
-                self._leave(seg.end_s)
+                self._leave(seg.end_s, seg.stay)
             used_blocks = num_blocks - self.free_blocks
             if seg.split:
                 if k > 1:
