@@ -117,7 +117,9 @@ def _timed(args: tuple[int, int, bool, bool]) -> dict[str, Any]:
     cpu = time.process_time() - cpu
     wall = time.perf_counter() - t
     steps = int(res.steps["count"].sum())
+    n = max(1, len(res.requests))
     return {"wall_s": wall, "cpu_s": cpu, "steps": steps, "step_rows": len(res.steps), "steps_per_s": steps / wall,
+            "cpu_us_per_request": cpu / n * 1e6, "steps_per_request": steps / n, "step_rows_per_request": len(res.steps) / n,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "throughput_tok_s": res.summary["throughput_tok_s"], "e2e_mean_s": res.summary["e2e_s"]["mean"],
             "itl_p99_s": res.summary["itl_s"]["p99"]}

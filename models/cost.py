@@ -229,6 +229,8 @@ class CostModel:
             self.a2a_factor = (tp - 1) * (1.0 - miss) / tp
         self.comm_bw = g.interconnect_bytes_s * e.comm_eff
         self.pass_overhead_s = m.num_layers * e.layer_overhead_s
+        self._peak_attn = self.peak * self.mfu_max  # the attention kernels' compute roofline (step_sums)
+        self._decode_parts: dict[int, tuple[float, float, float, float]] = {}  # decode_s's per-batch-size terms
 
     # ------------------------------------------------------------------ MoE, windows
     @property
@@ -401,8 +403,36 @@ class CostModel:
 
     def decode_s(self, num_seqs: int, context_tokens: float) -> float:
         """The duration of a plain decode step (one new token per sequence): `step_sums` itself,
-        so a fused run's first and last step are priced exactly as the ordinary step."""
-        return self.step_sums(num_seqs, num_seqs + 0.0, context_tokens, context_tokens + num_seqs).total_s
+        so a fused run's first and last step are priced exactly as the ordinary step. Without a
+        sliding window the parts that depend on the batch size only (the linear layers' roofline,
+        communication, overheads, the KV written) are cached per batch size and the attention
+        roofline is evaluated with `step_sums`'s own operations in its order (bit-identical;
+        tests/test_fusion.py), about 5x cheaper than building a StepCost."""
+        if num_seqs <= 0 or self.window:
+            return self.step_sums(num_seqs, num_seqs + 0.0, context_tokens, context_tokens + num_seqs).total_s
+        parts = self._decode_parts.get(num_seqs)
+        if parts is None:
+            parts = self._decode_parts[num_seqs] = self._decode_parts_of(num_seqs)
+        lin, kv_w, comm_s, overhead_s = parts
+        attn_c = self.attn_flops_per_pair * (context_tokens + num_seqs) / self._peak_attn
+        attn_m = (self.kv_bytes_per_token_gpu * context_tokens + kv_w) / self.bw
+        return lin + (attn_c if attn_c > attn_m else attn_m) + comm_s + overhead_s
+
+    def _decode_parts_of(self, num_seqs: int) -> tuple[float, float, float, float]:
+        """`step_sums`'s batch-size-only terms of a plain decode step of `num_seqs` sequences:
+        max(linear compute, linear memory), KV bytes written, communication, overhead."""
+        tokens = num_seqs + 0.0
+        e = self.eff
+        w = self.dense_weight_bytes
+        if self.expert_weight_bytes:
+            w += self.expert_weight_bytes * self.touched_fraction(tokens)
+        act = self.act_bytes_per_token * tokens
+        mfu = self.mfu_max * tokens / (tokens + e.mfu_half_tokens)
+        lin_c = self.flops_per_token * tokens / (self.peak * mfu)
+        lin_m = (w + act) / self.bw
+        comm_s = self._comm_s(tokens) if self.n_allreduce else 0.0
+        overhead_s = self.pass_overhead_s + e.step_overhead_s + e.seq_overhead_s * num_seqs
+        return (lin_c if lin_c > lin_m else lin_m), self.kv_write_bytes_per_token_gpu * tokens, comm_s, overhead_s
 
     def run_sums(self, tokens: float, context_sum: float, pairs_sum: float, steps: int) -> tuple[float, float]:
         """(FLOPs, bytes) summed over `steps` engine steps of `tokens` new tokens each, whose

@@ -52,6 +52,7 @@ STEP_COLUMNS = (
     "k", "kv_blocks_used", "waiting", "flops", "bytes", "target_s", "draft_s", "spec_overhead_s", "chunk_gap_s",
     "count", "gap_step_s",
 )
+STEP_INT_COLUMNS = ("replica", "batch_size", "decode_seqs", "k", "kv_blocks_used", "waiting", "count")  # int64
 FUSE_MAX_STEPS = 4096  # longest fused run planned at once (a longer one is planned again at its end)
 # most acceptance uniforms a fused speculative run draws at once (steps x sequences x k; its memory
 # and the draws wasted when it stops early stay bounded; a longer run continues in the next one)
@@ -69,17 +70,44 @@ class VerifyPlan(NamedTuple):
     draft_ctx: float
 
 
+class RunSegment(NamedTuple):
+    """One segment of a fused run of plain decode steps (`Replica._plan_run`): `steps` steps of
+    the same sequences from `start_s`, the first lasting d0, each next one `slope` longer, ending
+    at `end_s` (when `finishing`, with a sequence finishing); the contexts and KV blocks after it,
+    the blocks it takes (`new_blocks`; `new_blocks_but_last`: in its first steps - 1, when
+    `split`: its last step ends at or after the bound and is logged apart)."""
+
+    steps: int
+    d0: float
+    slope: float
+    split: bool
+    ctx0: float
+    finishing: bool
+    start_s: float
+    end_s: float
+    computed_after: np.ndarray
+    blocks_after: np.ndarray
+    new_blocks: int
+    new_blocks_but_last: int
+    leaving: int = 0  # sequences finishing at its end, when the run goes on after it
+    stay: np.ndarray | None = None  # ... and which stay (known from the plan; else found at its end)
+
+
 class StepLog:
     """Column store for the step table, in blocks (amortised O(1) appends; no block is ever
-    copied until `table`, so the peak is the rows plus one copy of them, not three)."""
+    copied until `table`, so the peak is the rows plus one copy of them, not three). Single rows
+    wait in a short list and are written into the block together (one numpy assignment per
+    `PENDING_ROWS` rows, not one per row)."""
 
     BLOCK_ROWS = 1 << 16
+    PENDING_ROWS = 512
 
     def __init__(self, capacity: int = 4096) -> None:
         self.n = 0  # rows logged
         self._done: list[np.ndarray] = []  # full (or closed) blocks, trimmed
         self._cur = np.zeros((capacity, len(STEP_COLUMNS)))
         self._i = 0  # rows in the current block
+        self._pending: list[tuple[float, ...]] = []  # single rows not yet in the block
 
     def _next_block(self, rows: int) -> None:
         self._done.append(self._cur[: self._i])
@@ -87,21 +115,53 @@ class StepLog:
         self._i = 0
 
     def append(self, row: tuple[float, ...]) -> None:
-        if self._i == self._cur.shape[0]:
-            self._next_block(1)
-        self._cur[self._i] = row
-        self._i += 1
+        self._pending.append(row)
         self.n += 1
+        if len(self._pending) >= self.PENDING_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        rows = self._pending
+        if not rows:
+            return
+        self._pending = []
+        if self._i + len(rows) > self._cur.shape[0]:
+            self._next_block(len(rows))
+        self._cur[self._i: self._i + len(rows)] = rows
+        self._i += len(rows)
 
     def block(self, rows: int) -> np.ndarray:
         """`rows` new rows at once, to be filled in place (a fused run of speculative steps)."""
+        self._flush()
         if self._i + rows > self._cur.shape[0]:
             self._next_block(rows)
         self._i += rows
         self.n += rows
         return self._cur[self._i - rows: self._i]
 
+    def columns(self, ints: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+        """The step table as one array per column (`ints` as int64), the log emptied: each block is
+        copied into the columns and dropped in turn, so the peak is the rows plus one block, not
+        the rows twice (the columns' pages are touched only as they are filled)."""
+        self._flush()
+        self._done.append(self._cur[: self._i])
+        blocks, self._done = self._done, []
+        self._cur, self._i = np.zeros((0, len(STEP_COLUMNS))), 0
+        out = {c: np.empty(self.n, dtype=np.int64 if c in ints else np.float64) for c in STEP_COLUMNS}
+        cols = list(out.values())
+        at = 0
+        blocks.reverse()
+        while blocks:
+            b = blocks.pop()
+            for j, col in enumerate(cols):
+                col[at: at + b.shape[0]] = b[:, j]
+            at += b.shape[0]
+            del b
+        self.n = 0
+        return out
+
     def table(self) -> np.ndarray:
+        self._flush()
         if not self._done:
             return self._cur[: self._i]
         return np.concatenate([*self._done, self._cur[: self._i]])
@@ -136,9 +196,10 @@ class FuseBound:
         self.next_arrival_s = math.inf
         self.next_index = 0
 
-    def _routed_s(self, replica: int) -> tuple[float, float]:
+    def _routed_s(self, replica: int, outstanding: int | None = None) -> tuple[float, float]:
         """The earliest arrival that could be sent to this replica, and the earliest at which
-        the backlog limit could stop the run (open loop, with routing)."""
+        the backlog limit could stop the run (open loop, with routing); `outstanding`: the
+        replica's count to assume (a fused run planned past its completions), else its own."""
         assert self.routing is not None
         _, reps, limit, router = self.routing
         g = self.next_index
@@ -147,7 +208,7 @@ class FuseBound:
         elif router == "prefix_affinity":
             j = g  # the next request may come here (its route depends on the caches)
         else:
-            o = reps[replica].outstanding()
+            o = reps[replica].outstanding() if outstanding is None else outstanding
             j = g + sum(max(0, o + (s.idx < replica) - s.outstanding()) for s in reps if s.idx != replica)
         stop = g + max(0, limit - sum(len(s.waiting) for s in reps))
         return self._arrival_s(min(j, stop)), self._arrival_s(stop)
@@ -159,7 +220,7 @@ class FuseBound:
         # an arrival event lands on now + (t - now), within an ulp or two of t
         return float(queued[j]) * (1.0 - 1e-15) if j < queued.size else math.inf
 
-    def next_s(self, now: float, replica: int = 0) -> tuple[float, float]:
+    def next_s(self, now: float, replica: int = 0, outstanding: int | None = None) -> tuple[float, float]:
         """(bound, end bound): every step of a fused run must start before the bound (then
         nothing has reached the replica when it is planned) and the run must end before the end
         bound (the run's horizon, or an arrival at which the backlog limit could stop the run:
@@ -171,7 +232,7 @@ class FuseBound:
             t = self.next_arrival_s
             end = min(end, t)
         else:
-            t, stop = self._routed_s(replica)
+            t, stop = self._routed_s(replica, outstanding)
             end = min(end, stop)
         i = bisect.bisect_right(self.cuts_s, now)
         if i < len(self.cuts_s):
@@ -243,7 +304,9 @@ class Replica:
     sequences, never history.
     """
 
-    _FIELDS = ("rid", "computed", "target", "blocks", "gen", "out", "acc", "n_acc", "n_prop", "n_verify", "n_vemit")
+    # the integer state, one row each of one (fields x slots) array, so a departure compacts all in one operation
+    _INT_FIELDS = ("rid", "computed", "target", "blocks", "gen", "out", "n_acc", "n_prop", "n_verify", "n_vemit",
+                   "n_units", "c_blocks")
 
     def __init__(self, env: simpy.Environment, idx: int, rt: ReplicaRuntime, reqs: Requests,
                  rng: np.random.Generator, log: StepLog, fuse: FuseBound | None = None) -> None:
@@ -257,35 +320,45 @@ class Replica:
             spec.draft_cost is None or (isinstance(spec.draft_cost, CostModel) and spec.draft_cost.affine_in_context)))
         self.fuse = fuse if (spec_ok and isinstance(rt.cost, CostModel) and rt.cost.affine_in_context) else None
         s = rt.max_num_seqs
-        self.rid = np.full(s, -1, dtype=np.int64)
-        self.computed = np.zeros(s, dtype=np.int64)  # tokens whose KV is computed
-        self.target = np.zeros(s, dtype=np.int64)  # tokens to prefill before decoding
-        self.blocks = np.zeros(s, dtype=np.int64)  # KV blocks held
-        self.gen = np.zeros(s, dtype=np.int64)  # output tokens generated (kept across preemption)
-        self.out = np.zeros(s, dtype=np.int64)  # output tokens the request will generate
+        self._ints = np.zeros((len(self._INT_FIELDS), s), dtype=np.int64)
+        (self.rid,  # request id of the entry
+         self.computed,  # tokens whose KV is computed
+         self.target,  # tokens to prefill before decoding
+         self.blocks,  # KV blocks held
+         self.gen,  # output tokens generated (kept across preemption)
+         self.out,  # output tokens the request will generate
+         self.n_acc,  # drafted tokens accepted so far
+         self.n_prop,  # drafted tokens proposed so far
+         self.n_verify,  # verification steps so far
+         self.n_vemit,  # tokens emitted by those verifications
+         self.n_units,  # prefix caching: leading units of its request the entry references
+         self.c_blocks,  # prefix caching: KV blocks of those units (shared, not private)
+         ) = self._ints  # row views
+        self.rid[:] = -1
         self.acc = np.zeros(s)  # per-token acceptance rate of the request
-        self.n_acc = np.zeros(s, dtype=np.int64)  # drafted tokens accepted so far
-        self.n_prop = np.zeros(s, dtype=np.int64)  # drafted tokens proposed so far
-        self.n_verify = np.zeros(s, dtype=np.int64)  # verification steps so far
-        self.n_vemit = np.zeros(s, dtype=np.int64)  # tokens emitted by those verifications
         self.free_blocks = rt.plan.num_blocks  # truly free + unreferenced cached (evictable) blocks
         # prefix caching, decided once: only when enabled and some request carries block hashes
         self.cache = PrefixCache() if (rt.prefix_caching and reqs.unit_off is not None) else None
-        self._fields: tuple[str, ...] = self._FIELDS
-        if self.cache is not None:
-            self.n_units = np.zeros(s, dtype=np.int64)  # leading units of its request the entry references
-            self.c_blocks = np.zeros(s, dtype=np.int64)  # KV blocks of those units (shared, not private)
-            self._fields = (*self._FIELDS, "n_units", "c_blocks")
         self.waiting: deque[int] = deque()
         self.n_running = 0
         self.wakeup = env.event()
         self.idle = True
         self.speculating = True  # speculative.policy "follow_load": switched by sim.fleet.FollowLoad
+        self._gone: list[tuple[float, int]] = []  # a fused run in flight: (time, sequences) completing inside it
         self.proc = env.process(self.run())
 
     # ------------------------------------------------------------- routing
     def outstanding(self) -> int:
-        return self.n_running + len(self.waiting)
+        """Requests running or waiting here now: during a fused run through completions, less the
+        sequences whose completion inside the run has already passed (they leave the slot arrays
+        only when the run ends; the router must see what the unfused engine would show)."""
+        o = self.n_running + len(self.waiting)
+        if self._gone:
+            now = self.env.now
+            for t, count in self._gone:
+                if t < now:  # an arrival at the same instant comes first (URGENT), as unfused
+                    o -= count
+        return o
 
     def submit(self, rid: int) -> None:
         self.waiting.append(rid)
@@ -299,6 +372,8 @@ class Replica:
         r = self.rid[idx]
         reqs = self.reqs
         reqs.generated[r] = self.gen[idx]
+        if self.rt.spec is None:  # the draft counters stay as admitted (zero) without speculation
+            return
         reqs.accepted[r] = self.n_acc[idx]
         reqs.proposed[r] = self.n_prop[idx]
         reqs.verify_steps[r] = self.n_verify[idx]
@@ -425,10 +500,11 @@ class Replica:
 
     def _compact(self, keep: np.ndarray) -> None:
         n = self.n_running
-        m = int(keep.sum())
-        for f in self._fields:
-            a = getattr(self, f)
-            a[:m] = a[:n][keep]
+        ints = self._ints
+        kept = ints[:, :n][:, keep]
+        m = kept.shape[1]
+        ints[:, :m] = kept
+        self.acc[:m] = self.acc[:n][keep]
         self.n_running = m
 
     def _choose_k(self, dec: np.ndarray) -> int:
@@ -611,7 +687,7 @@ class Replica:
         return bool((self.computed[:n] < self.target[:n]).any()) or bool(
             self.waiting and n < self.rt.max_num_seqs and self.free_blocks > 0)
 
-    def _plan_prefill(self, budget: int, dec: np.ndarray, admit: bool) -> tuple[list[int], list[int]]:
+    def _plan_prefill(self, budget: int, dec: np.ndarray, admit: bool, all_dec: bool) -> tuple[list[int], list[int]]:
         """Prefill chunks within the token budget: partial prefills (oldest first), then new
         admissions (FCFS) while a slot and blocks exist and `admit`. Without chunked prefill a
         prompt goes whole or waits (one longer than the whole budget goes alone)."""
@@ -619,7 +695,7 @@ class Replica:
         chunk_idx: list[int] = []
         chunks: list[int] = []
         full = budget
-        if not dec.all():
+        if not all_dec:
             for j in np.flatnonzero(~dec).tolist():
                 if budget <= 0:
                     break
@@ -636,7 +712,7 @@ class Replica:
             self.waiting.popleft()
             i = self._admit(rid)
             c = self._fit_chunk(i, budget, budget == full)
-            if np.isnan(reqs.scheduled[rid]):
+            if math.isnan(reqs.scheduled[rid]):
                 reqs.scheduled[rid] = self.env.now
             if c > 0:  # 0 only when a prefix-cache hit took the last free blocks: it waits for more
                 chunk_idx.append(i)
@@ -674,10 +750,10 @@ class Replica:
                 self.idle = False
             if self.fuse is not None and stalled_s == 0.0:
                 if spec is None:
-                    run = self._plan_run()
-                    if run is not None:
-                        yield from self._fused_run(*run)
-                        decode_left = (decode_left - run[0]) % rt.scheduler_steps
+                    segs = self._plan_run()
+                    if segs is not None:
+                        done_steps = yield from self._fused_run(segs)
+                        decode_left = (decode_left - done_steps) % rt.scheduler_steps
                         continue
                 else:
                     done_steps = yield from self._spec_run()
@@ -686,13 +762,14 @@ class Replica:
                         continue
             n = self.n_running
             dec = self.computed[:n] >= self.target[:n]
+            all_dec = bool(dec.all())
             chunk_idx: list[int] = []
             chunks: list[int] = []
             preempted = stalling = False
             if separate and not (decode_left and dec.any()) and self._prefill_pending():
                 # prefill steps of their own, scheduled first (vLLM V0's default scheduler, SGLang):
                 # decodes wait while any prompt can be prefilled
-                chunk_idx, chunks = self._plan_prefill(budget_max, dec, True)
+                chunk_idx, chunks = self._plan_prefill(budget_max, dec, True, all_dec)
             plan: VerifyPlan | None = None
             matched = None
             if chunk_idx:
@@ -723,7 +800,9 @@ class Replica:
                         grow = np.where(matched[:n], np.minimum(q, self.out[:n] - self.gen[:n]), 1)
                     else:
                         grow = np.minimum(q, self.out[:n] - self.gen[:n])
-                    need = np.where(dec, -(-(self.computed[:n] + grow) // BLOCK_SIZE) - self.blocks[:n], 0)
+                    need = (self.computed[:n] + (grow + BLOCK_SIZE - 1)) // BLOCK_SIZE - self.blocks[:n]
+                    if not all_dec:
+                        need *= dec  # blocks for the decoding sequences only
                     need_total = int(need.sum())
                     if need_total <= self.free_blocks:
                         break
@@ -734,7 +813,7 @@ class Replica:
                 if need_total:
                     self.blocks[:n] += need
                     self.free_blocks -= need_total
-                n_dec = int(dec.sum())
+                n_dec = n if all_dec else int(dec.sum())
                 decode_left = decode_left - 1 if decode_left else rt.scheduler_steps - 1
                 # decoding entries: a slice (a cheap view) when every running sequence decodes
                 ds = slice(0, n) if n_dec == n else np.flatnonzero(dec)
@@ -744,7 +823,7 @@ class Replica:
                 plan = self._verify_plan(ds, k, None if matched is None else matched[:n][ds]) if general else None
                 if not separate:
                     dec_tokens = n_dec * q if plan is None else round(plan.tokens)
-                    chunk_idx, chunks = self._plan_prefill(budget_max - dec_tokens, dec, not preempted)
+                    chunk_idx, chunks = self._plan_prefill(budget_max - dec_tokens, dec, not preempted, all_dec)
             q = k + 1
             n_pre = len(chunk_idx)
             if n_dec == 0 and n_pre == 0:
@@ -752,7 +831,11 @@ class Replica:
                 if self.n_running:
                     self._preempt_youngest()
                 continue
-            if n_pre:
+            if n_pre == 1:  # one chunk (the usual case): the sums below, of one element, in scalars
+                pre_tokens = float(chunks[0])
+                pre_ctx = float(self.computed[chunk_idx[0]])
+                pre_pairs = pre_tokens * pre_ctx + 0.5 * (pre_tokens * (pre_tokens + 1.0))
+            elif n_pre:
                 cs = np.asarray(chunk_idx, dtype=np.int64)
                 ch = np.asarray(chunks, dtype=np.float64)
                 pre_ctx_arr = self.computed[cs].astype(np.float64)
@@ -803,18 +886,17 @@ class Replica:
                     self.free_blocks += int((self.blocks[ds] - keep).sum())
                     self.blocks[ds] = keep
             # 3b. prefill progress; a finished prefill samples one token
-            if n_pre:
-                self.computed[cs] += ch.astype(np.int64)
+            for j, chunk in zip(chunk_idx, chunks, strict=True):  # (entries are distinct)
+                self.computed[j] += chunk
                 if self.cache is not None:  # prefill work done, and its full units join the cache
-                    self.reqs.prefill_computed[self.rid[cs]] += ch.astype(np.int64)
-                    for j in cs.tolist():
-                        self._register(j)
-                done = cs[self.computed[cs] >= self.target[cs]]
-                if done.size:
-                    first = self.gen[done] == 0
-                    reqs.first_token[self.rid[done[first]]] = now
-                    self.gen[done] += 1
-                    emitted_total += int(done.size)
+                    reqs.prefill_computed[self.rid[j]] += chunk
+                    self._register(j)
+            for j in chunk_idx:
+                if self.computed[j] >= self.target[j]:
+                    if self.gen[j] == 0:
+                        reqs.first_token[self.rid[j]] = now
+                    self.gen[j] += 1
+                    emitted_total += 1
             # 3c. finished sequences leave
             self._leave(now)
             used_blocks = self.rt.plan.num_blocks - self.free_blocks
@@ -829,12 +911,13 @@ class Replica:
             self.log.append((self.idx, start, total_s, n_dec + n_pre, n_dec, pre_tokens, dec_tok, emitted_total, k,
                              used_blocks, len(self.waiting), flops, nbytes, target_s, draft_s, over_s, gap, 1, 0.0))
 
-    def _leave(self, now: float) -> None:
-        """Finished sequences leave: completion times, blocks freed, the closed loop told."""
+    def _leave(self, now: float, stay: np.ndarray | None = None) -> None:
+        """Finished sequences leave: completion times, blocks freed, the closed loop told.
+        `stay`: the running entries that have not finished, when known (a fused run's plan)."""
         reqs = self.reqs
         n = self.n_running
-        fin = self.gen[:n] >= self.out[:n]
-        if fin.any():
+        fin = self.gen[:n] >= self.out[:n] if stay is None else ~stay
+        if stay is not None or fin.any():
             f = np.flatnonzero(fin)
             self._sync(f)
             reqs.completion[self.rid[f]] = now
@@ -844,12 +927,20 @@ class Replica:
             else:
                 for j in f.tolist():
                     self._release(j)
-            self._compact(~fin)
+            self._compact(~fin if stay is None else stay)
             if reqs.on_complete is not None:
                 reqs.on_complete(int(f.size))
 
     # ------------------------------------------------------------- step fusion
-    def _plan_run(self) -> tuple[int, float, float, list[int], bool, float, bool] | None:
+    def _chains(self) -> bool:
+        """Whether a fused run may go on through completions: nothing outside the replica reacts
+        to one (no `on_complete` hook: not a closed loop, no autoscaler), an open loop's bound
+        (a closed loop's is the next event anywhere) and no prefix cache (a leaving sequence's
+        blocks would join the cache the router reads)."""
+        fb = self.fuse
+        return fb is not None and fb.arrivals and self.reqs.on_complete is None and self.cache is None
+
+    def _plan_run(self) -> list[RunSegment] | None:
         """The next n >= 2 steps as one fused run, when they are pure decode steps the unfused loop
         would take one by one with nothing else changing: every running sequence decodes one token
         (no partial prefill, no speculation), no admission is possible (nothing waits, or no slot
@@ -858,13 +949,13 @@ class Replica:
         before anything could reach this replica (`FuseBound.next_s`; so the steps all start on
         one side of each metric window boundary) and the run ends before the horizon.
 
-        Step j of such a run has the batch of step 0 with the context grown by j tokens per
-        sequence, so its duration is d0 + j x slope (the step cost is affine in the context: the
-        attention roofline is proportional to context + new tokens in both its branches).
-        Returns (n, d0, slope, cumulative new KV blocks per step, whether the last step ends at or
-        after the bound: then something may reach the replica during it, so it is logged as a row
-        of its own with the waiting queue at its end, the context at step 0, whether a sequence
-        finishes at the last step), or None for an ordinary step."""
+        When the run's last step completes a sequence, nothing waits and nothing outside reacts
+        to a completion (`_chains`), the run goes on with the smaller batch: the finished
+        sequences leave at the exact end of that step and the next segment is planned from
+        there, the same way (a segment of one step included), with the bound recomputed from the
+        replica's reduced outstanding count under least-outstanding routing (fewer outstanding
+        here: more arrivals may come here; the bound can only tighten). The segments, advanced
+        in one timeout by `_fused_run`, are returned; None for an ordinary step."""
         n = self.n_running
         fb = self.fuse
         assert fb is not None
@@ -873,69 +964,125 @@ class Replica:
         c = self.computed[:n]
         if (c < self.target[:n]).any():
             return None
-        m = rem = int((self.out[:n] - self.gen[:n]).min())  # a sequence finishes at step m
+        rem = self.out[:n] - self.gen[:n]
+        m = int(rem.min())  # a sequence finishes at step m
         if m < 2:
             return None
-        now = self.env.now
-        bound, end_bound = fb.next_s(now, self.idx)
+        t = self.env.now
+        bound, end_bound = fb.next_s(t, self.idx)
+        held = int(self.blocks[:n].sum())
+        seg = self._plan_segment(t, n, c, m, self.free_blocks, held, bound, end_bound, 2)
+        if seg is None:
+            return None
+        segs = [seg]
+        if not seg.finishing or seg.split or self.waiting or not self._chains():
+            return segs
+        least = fb.routing is not None and fb.routing[3] == "least_outstanding"
+        free = self.free_blocks
+        while True:
+            rem = rem - seg.steps
+            keep = rem > 0
+            held_all = held + seg.new_blocks
+            c, rem, ba = seg.computed_after[keep], rem[keep], seg.blocks_after[keep]
+            held = int(ba.sum())
+            segs[-1] = seg._replace(leaving=n - c.size, stay=keep)
+            free += held_all - held - seg.new_blocks  # the finished sequences' blocks are freed
+            n = c.size
+            if n == 0:
+                break
+            t = seg.end_s
+            if least:
+                bound, end_bound = fb.next_s(t, self.idx, outstanding=n)
+            seg = self._plan_segment(t, n, c, int(rem.min()), free, held, bound, end_bound, 1)
+            if seg is None:
+                break
+            segs.append(seg)
+            if not seg.finishing or seg.split:
+                break
+        return segs
+
+    def _plan_segment(self, t: float, n: int, c: np.ndarray, m: int, free: int, held: int, bound: float,
+                      end_bound: float, min_steps: int) -> RunSegment | None:
+        """One segment of a fused run from time t: n sequences at contexts c (blocks held
+        ceil(c / B), `held` in all), the first finishing at step m, `free` blocks free; its steps
+        start before `bound` and it ends before `end_bound`. None when fewer than `min_steps`.
+
+        Step j has the batch of step 0 with the context grown by j tokens per sequence, so its
+        duration is d0 + j x slope (the step cost is affine in the context: the attention roofline
+        is proportional to context + new tokens in both its branches)."""
         cost = self.rt.cost
+        finish = m
         ctx0 = float(c.sum())
         d0 = cost.decode_s(n, ctx0)
-        limit = min(bound, end_bound)
-        m = min(m, FUSE_MAX_STEPS, int((limit - now) / d0) + 2)  # durations never fall as the context grows
-        if m < 2:
+        limit = bound if bound < end_bound else end_bound
+        m = min(m, FUSE_MAX_STEPS, int((limit - t) / d0) + 2)  # durations never fall as the context grows
+        if m < min_steps:
             return None
-        # KV (blocks held are ceil(computed / B) for every decoding sequence): sequence i needs a
-        # new block at step j when (c_i + j) % B == 0; new blocks over steps 0..s-1 are
+        # KV: sequence i needs a new block at step j when (c_i + j) % B == 0, at most m // B + 1
+        # times in m steps; when that may not fit, the new blocks over steps 0..s-1 are
         # (s // B) x n + first[s % B], first[r] = new blocks in the first r steps of a cycle
-        first = [0, *np.cumsum(np.bincount((-c) % BLOCK_SIZE, minlength=BLOCK_SIZE)).tolist()]
-        free = self.free_blocks
-        if (m // BLOCK_SIZE) * n + first[m % BLOCK_SIZE] > free:
-            s = (free // n) * BLOCK_SIZE  # whole cycles that fit, then step by step
-            while s < m and ((s + 1) // BLOCK_SIZE) * n + first[(s + 1) % BLOCK_SIZE] <= free:
-                s += 1
-            m = s
-            if m < 2:
-                return None
+        if n * (m // BLOCK_SIZE + 1) > free:
+            first = [0, *np.cumsum(np.bincount((-c) % BLOCK_SIZE, minlength=BLOCK_SIZE)).tolist()]
+            if (m // BLOCK_SIZE) * n + first[m % BLOCK_SIZE] > free:
+                s = (free // n) * BLOCK_SIZE  # whole cycles that fit, then step by step
+                while s < m and ((s + 1) // BLOCK_SIZE) * n + first[(s + 1) % BLOCK_SIZE] <= free:
+                    s += 1
+                m = s
+                if m < min_steps:
+                    return None
         last = m - 1
-        slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last
-        # steps starting before the bound (the last may end after it), the run ending before the horizon
+        slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
+
+        # steps starting before the bound (the last may end after it), the segment ending before the horizon
         def start(j: int) -> float:
-            return now + j * d0 + slope * (j * (j - 1) / 2.0)
+            return t + j * d0 + slope * (j * (j - 1) / 2.0)
 
         k = m
-        while k >= 2 and (start(k - 1) >= bound or start(k) >= end_bound):
+        while k >= min_steps and (start(k - 1) >= bound or start(k) >= end_bound):
             k -= 1
-        if k < 2:
+        if k < min_steps:
             return None
-        cum = [(s // BLOCK_SIZE) * n + first[s % BLOCK_SIZE] for s in (k - 1, k)]
-        return k, d0, slope, cum, start(k) >= bound, ctx0, k == rem
+        after = c + k
+        ba = (after + (BLOCK_SIZE - 1)) // BLOCK_SIZE
+        split = start(k) >= bound
+        # blocks held after the first k - 1 steps (the row of a split segment's first part)
+        but_last = int(((after + (BLOCK_SIZE - 2)) // BLOCK_SIZE).sum()) - held if split else 0
+        return RunSegment(k, d0, slope, split, ctx0, k == finish, t, t + (k * d0 + slope * (k * (k - 1) / 2.0)),
+                          after, ba, int(ba.sum()) - held, but_last)
 
-    def _fused_run(self, steps: int, d0: float, slope: float, cum: list[int], split: bool, ctx0: float,
-                   finishing: bool) -> Generator[simpy.Event, Any, None]:
-        """Advance a planned run of decode steps in one timeout and log it as one run-length row
-        (two when `split`: the run's last step apart)."""
+    def _fused_run(self, segs: list[RunSegment]) -> Generator[simpy.Event, Any, int]:
+        """Advance a planned run's segments in one timeout, then apply them in order: contexts,
+        outputs and KV blocks, the finished sequences leaving at their segment's end; each segment
+        logged as one run-length row (two when `split`: its last step apart). Returns the steps."""
         env = self.env
-        n = self.n_running
-        used0 = self.rt.plan.num_blocks - self.free_blocks
-        self.free_blocks -= cum[1]
-        start = env.now
-        waiting = len(self.waiting)
-        total = steps * d0 + slope * (steps * (steps - 1) / 2.0)
-        yield env.timeout(total)
-        self.computed[:n] += steps
-        self.blocks[:n] = -(-self.computed[:n] // BLOCK_SIZE)
-        self.gen[:n] += steps
-        if finishing:
-            self._leave(env.now)
-        used_blocks = self.rt.plan.num_blocks - self.free_blocks
-        if split:
-            self._log_run(start, steps - 1, d0, slope, n, ctx0, used0 + cum[0], waiting)
-            last = (steps - 1) * d0 + slope * ((steps - 1) * (steps - 2) / 2.0)
-            self._log_run(start + last, 1, d0 + (steps - 1) * slope, 0.0, n, ctx0 + (steps - 1) * n, used_blocks,
-                          len(self.waiting))
-        else:
-            self._log_run(start, steps, d0, slope, n, ctx0, used_blocks, waiting)
+        waiting = len(self.waiting)  # nothing reaches the replica before the last step starts
+        num_blocks = self.rt.plan.num_blocks
+        self._gone = [(seg.end_s, seg.leaving) for seg in segs if seg.leaving]
+        yield env.timeout(segs[-1].end_s - env.now)
+        self._gone = []
+        steps = 0
+        for seg in segs:
+            n = self.n_running
+            k = seg.steps
+            steps += k
+            used0 = num_blocks - self.free_blocks
+            self.free_blocks -= seg.new_blocks
+            self.computed[:n] = seg.computed_after
+            self.blocks[:n] = seg.blocks_after
+            self.gen[:n] += k
+            if seg.finishing:
+                self._leave(seg.end_s, seg.stay)
+            used_blocks = num_blocks - self.free_blocks
+            if seg.split:
+                if k > 1:
+                    self._log_run(seg.start_s, k - 1, seg.d0, seg.slope, n, seg.ctx0,
+                                  used0 + seg.new_blocks_but_last, waiting)
+                last = (k - 1) * seg.d0 + seg.slope * ((k - 1) * (k - 2) / 2.0)
+                self._log_run(seg.start_s + last, 1, seg.d0 + (k - 1) * seg.slope, 0.0, n, seg.ctx0 + (k - 1) * n,
+                              used_blocks, len(self.waiting))
+            else:
+                self._log_run(seg.start_s, k, seg.d0, seg.slope, n, seg.ctx0, used_blocks, waiting)
+        return steps
 
     def _log_run(self, start: float, steps: int, d0: float, slope: float, n: int, ctx0: float,
                  used_blocks: int, waiting: int) -> None:

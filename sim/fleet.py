@@ -217,7 +217,7 @@ class FleetBound(FuseBound):
 
     fleet: Fleet
 
-    def _routed_s(self, replica: int) -> tuple[float, float]:
+    def _routed_s(self, replica: int, outstanding: int | None = None) -> tuple[float, float]:
         assert self.routing is not None
         _, _, limit, router = self.routing
         fleet = self.fleet
@@ -228,7 +228,7 @@ class FleetBound(FuseBound):
         elif router == "round_robin":
             j = g
         else:
-            o = fleet.replicas[replica].outstanding()
+            o = fleet.replicas[replica].outstanding() if outstanding is None else outstanding
             j = g + sum(max(0, o + (s.idx < replica) - s.outstanding()) for s in fleet.routable if s.idx != replica)
         return self._arrival_s(min(j, stop)), self._arrival_s(stop)
 

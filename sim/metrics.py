@@ -433,7 +433,20 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     meas = (req.arrival_s >= warmup_s) & (req.arrival_s < end_s)
     done = req.completion_s.notna()
     m = lat[meas & done]
-    st = steps[(steps.start_s >= warmup_s) & (steps.start_s < end_s)]
+    # the steps starting in the window, only the columns each figure needs (a copy of the whole
+    # table filtered would be its largest allocation on a long run)
+    start_s = steps.start_s.to_numpy(np.float64)
+    in_win = (start_s >= warmup_s) & (start_s < end_s)
+    whole = bool(in_win.all())
+
+    def st_cols(*cols: str) -> pd.DataFrame:
+        return steps[list(cols)] if whole else steps.loc[in_win, list(cols)]
+
+    def st_col(col: str) -> np.ndarray:
+        x = steps[col].to_numpy()
+        return x if whole else x[in_win]
+
+    st = st_cols(*(c for c in ("count", "chunk_gap_s", "gap_step_s", "decode_seqs") if c in steps.columns))
     s: dict[str, Any] = {}
     s["ttft_s"] = dist(m.ttft_s.to_numpy())
     s["tpot_s"] = dist(m.tpot_s.to_numpy())
@@ -441,7 +454,8 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     # with steps back to back, a decoding sequence waits one step per chunk, plus the prefill-only
     # steps that ran meanwhile (separate prefill): the step table's chunk_gap_s
     s["itl_s"] = gap_dist(st)
-    s["itl_samples"] = int((st.decode_seqs * _counts(st)).sum())  # streamed-chunk gaps behind those percentiles
+    s["itl_samples"] = int((st.decode_seqs * _counts(st)).sum())
+    del st  # streamed-chunk gaps behind those percentiles
     s["e2e_s"] = dist(m.e2e_s.to_numpy())
     s["queue_s"] = dist(m.queue_s.to_numpy())
     offered = int(meas.sum())
@@ -450,7 +464,7 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     s["completed_requests"] = int((meas & done).sum())
     s["offered_rps"] = offered / window
     s["throughput_rps"] = completed_in_window / window
-    s["throughput_tok_s"] = float(st.emitted_tokens.sum()) / window
+    s["throughput_tok_s"] = float(st_col("emitted_tokens").sum()) / window
     # goodput as vLLM's benchmark defines it: requests meeting every per-request target (TTFT, TPOT,
     # E2E; the loosest percentile's value when several are set); ITL is a per-chunk figure
     good = pd.Series(True, index=m.index)
@@ -461,12 +475,14 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
             good &= (col <= max(bounds)) | col.isna()
     s["goodput_rps"] = float(good.sum()) / window
     s["slo_attainment"] = float(good.mean()) if len(m) else float("nan")
-    s["gpu_busy_fraction"] = float(st.duration_s.sum()) / (window * replicas)
+    dur = st_col("duration_s")
+    busy = float(dur.sum())
+    s["gpu_busy_fraction"] = busy / (window * replicas)
     gpu_time = window * replicas * gpus_per_replica  # step FLOPs and bytes are per replica, all its GPUs
-    s["mfu"] = float(st.flops.sum()) / (gpu_time * peak_flops)
-    s["hbm_bw_utilisation"] = float(st.bytes.sum()) / (gpu_time * mem_bw)
-    dur = st.duration_s.to_numpy()
-    s["mean_batch_size"] = float((st.batch_size.to_numpy() * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0
+    s["mfu"] = float(st_col("flops").sum()) / (gpu_time * peak_flops)
+    s["hbm_bw_utilisation"] = float(st_col("bytes").sum()) / (gpu_time * mem_bw)
+    s["mean_batch_size"] = float((st_col("batch_size") * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0
+    del dur
     s["preemptions"] = int(req.preemptions[meas].sum())
     # speculation, over the window like everything else: requests arriving in it, steps starting in it
     rw = req[meas]
@@ -474,10 +490,10 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     s["acceptance_rate"] = float(rw.draft_accepted.sum()) / prop if prop else float("nan")
     vs = float(rw.verify_steps.sum())
     s["tokens_per_step"] = float(rw.verify_emitted.sum()) / vs if vs else 1.0
-    busy = float(st.duration_s.sum())
-    s["draft_share"] = float(st.draft_s.sum()) / busy if busy else 0.0
-    s["spec_overhead_share"] = float(st.spec_overhead_s.sum()) / busy if busy else 0.0
-    s["queue_growth_rps"] = queue_growth_rps(st)
+    s["draft_share"] = float(st_col("draft_s").sum()) / busy if busy else 0.0
+    s["spec_overhead_share"] = float(st_col("spec_overhead_s").sum()) / busy if busy else 0.0
+    s["queue_growth_rps"] = queue_growth_rps(st_cols(*(c for c in ("replica", "start_s", "waiting", "count", "chunk_gap_s",
+                                                                   "gap_step_s") if c in steps.columns)))
     if "cached_tokens" in req.columns:
         s.update(prefix_cache_metrics(req[meas], lat[meas]))
     if loop == "open":
@@ -630,16 +646,23 @@ def intervals(req: pd.DataFrame, steps: pd.DataFrame, *, interval_s: float, end_
     done = req.completion_s.notna().to_numpy()
     s_start = steps.start_s.to_numpy(np.float64)
     s_which = np.searchsorted(edges, s_start, "right") - 1
+    # the step rows of each interval, contiguous once sorted (a run-length row lies wholly inside
+    # one interval: fused runs never straddle an interval's end), so an interval's ITL comes from
+    # its rows without expanding them (`gap_dist`) and no per-interval mask covers the whole table
+    s_order = np.argsort(s_which, kind="stable")
+    s_bounds = np.searchsorted(s_which[s_order], np.arange(n + 1), "left")
+    cols = [c for c in steps.columns if c in ("duration_s", "emitted_tokens", "decode_tokens", "k", "count",
+                                                 "chunk_gap_s", "gap_step_s", "decode_seqs")]
+    sub = steps[cols]
     billed = replica_counts(timeline, replicas)
     live = replica_counts(timeline, replicas, billed=(2,))
     run_s = replica_seconds(billed, a, b)
     live_s = replica_seconds(live, a, b)
-    gaps, gap_w = step_gaps(steps)
-    gap_which = np.repeat(s_which, _counts(steps))
     rows = []
     for i in range(n):
         m = (which == i) & done
-        st = steps[s_which == i]
+        st = sub.iloc[s_order[s_bounds[i]: s_bounds[i + 1]]]
+        itl = gap_dist(st) if len(st) else None
         row: dict[str, Any] = {"start_s": float(a[i]), "end_s": float(b[i])}
         row["offered_requests"] = int((which == i).sum())
         row["offered_rps"] = row["offered_requests"] / width[i]
@@ -648,10 +671,8 @@ def intervals(req: pd.DataFrame, steps: pd.DataFrame, *, interval_s: float, end_
             d = dist(lat[name].to_numpy()[m])
             for p in INTERVAL_PERCENTILES:
                 row[f"{name}_{p}"] = d[p]
-        g = gap_which == i
-        d = dist(gaps[g], gap_w[g])
         for p in INTERVAL_PERCENTILES:
-            row[f"itl_s_{p}"] = d[p]
+            row[f"itl_s_{p}"] = itl[p] if itl is not None else float("nan")
         busy = float(st.duration_s.sum())
         row["throughput_tok_s"] = float(st.emitted_tokens.sum()) / width[i]
         row["throughput_rps"] = float(((req.completion_s >= a[i]) & (req.completion_s < b[i])).sum()) / width[i]
@@ -666,9 +687,12 @@ def intervals(req: pd.DataFrame, steps: pd.DataFrame, *, interval_s: float, end_
         met = True
         for key, target in (slo or {}).items():
             metric, pct, _ = key.split("_")
-            value = row[f"{metric}_s_{pct}"] if pct in INTERVAL_PERCENTILES else float(
-                dist((gaps[g] if metric == "itl" else lat[f"{metric}_s"].to_numpy()[m]),
-                     gap_w[g] if metric == "itl" else None)[pct])
+            if pct in INTERVAL_PERCENTILES:
+                value = row[f"{metric}_s_{pct}"]
+            elif metric == "itl":
+                value = itl[pct] if itl is not None else float("nan")
+            else:
+                value = float(dist(lat[f"{metric}_s"].to_numpy()[m])[pct])
             ok = bool(value <= target) or row["completed_requests"] == 0
             row[f"slo_{key}_met"] = ok
             met &= ok

@@ -22,7 +22,7 @@ from simpy.events import URGENT
 
 from models.speculative import acceptance_at_quantile
 from sim.deployment import ReplicaRuntime, check_fits
-from sim.engine import STEP_COLUMNS, FuseBound, Replica, Requests, StepLog
+from sim.engine import STEP_INT_COLUMNS, FuseBound, Replica, Requests, StepLog
 from sim.fleet import Autoscaler, Fleet, FleetBound, FollowLoad, change_times
 from sim.scenario import Scenario
 from sim.workload import streams
@@ -282,9 +282,8 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         req_df.attrs["autoscale"] = scaler.decisions
     if follow is not None:
         req_df.attrs["follow_load"] = follow.switches
-    steps = pd.DataFrame(log.table(), columns=list(STEP_COLUMNS))
-    for c in ("replica", "batch_size", "decode_seqs", "k", "kv_blocks_used", "waiting", "count"):
-        steps[c] = steps[c].astype(np.int64)
+    # one array per column, built block by block (no second copy of the rows), and not copied again
+    steps = pd.DataFrame(log.columns(STEP_INT_COLUMNS), copy=False)
     return req_df, steps, truncated, float(env.now)
 
 

@@ -42,6 +42,7 @@ def _same_steps(unfused: pd.DataFrame, fused: pd.DataFrame) -> None:
     """The fused table, expanded, is the unfused one: every step's start, duration, batch, tokens
     and chunk gap; FLOPs and bytes in total (expansion spreads a run's total evenly)."""
     assert (unfused["count"] == 1).all()
+    assert (fused["count"] >= 1).all() and (fused["duration_s"] > 0).all(), "an empty run-length row"
     assert int(fused["count"].sum()) == len(unfused)
     e = expand_steps(fused)
     key = ["replica", "start_s"]
@@ -184,6 +185,37 @@ def test_fused_equals_unfused_on_a_trace_like_table(make_scenario) -> None:
         assert res[False][3] == pytest.approx(res[True][3], rel=RTOL)
 
 
+@pytest.fixture
+def segment_counter(monkeypatch):
+    """Segments per fused plain-decode run (`Replica._fused_run`: more than one when the run went
+    on through completions)."""
+    from sim import engine
+
+    seen: list[int] = []
+    inner = engine.Replica._fused_run
+
+    def counted(self, segs):
+        seen.append(len(segs))
+        return (yield from inner(self, segs))
+
+    monkeypatch.setattr(engine.Replica, "_fused_run", counted)
+    return seen
+
+
+@pytest.mark.parametrize(("name", "chains"), [("light", True), ("4-replicas-least", True), ("2-replicas-rr", True),
+                                              ("closed", False), ("gated", False)])
+def test_runs_go_on_through_completions_only_where_nothing_reacts(make_scenario, segment_counter, name: str,
+                                                                  chains: bool) -> None:
+    """Open loop: a run whose last step completes a sequence goes on with the smaller batch (exact:
+    the matrix above); a closed loop (a completion sends the next request, also behind
+    max_concurrency) ends the run at every completion."""
+    sc = make_scenario(**_MATRIX[name])
+    sim = simulate(sc.with_overrides({"sim.fuse_steps": True}), 1)
+    assert segment_counter and (max(segment_counter) > 1) == chains
+    if chains:  # most completions fall inside a run, not at its end
+        assert sum(s - 1 for s in segment_counter) > 0.3 * int(sim.requests.completion_s.notna().sum())
+
+
 def test_sliding_window_models_do_not_fuse(make_scenario) -> None:
     """gpt-oss's windowed layers read min(context, window) per sequence: not affine, so no fusion."""
     sc = make_scenario(rack={"gpu": "h100-sxm", "num_gpus": 1},
@@ -322,6 +354,13 @@ def test_step_log_blocks_keep_every_row_in_order() -> None:
             ref.append(rows)
     np.testing.assert_array_equal(log.table(), np.concatenate(ref))
     assert log.n == len(log.table())
+    # the column arrays the step table is built from: the same rows, integer columns as int64
+    cols = log.columns(("count",))
+    assert list(cols) == list(STEP_COLUMNS) and cols["count"].dtype == np.int64
+    whole = np.concatenate(ref)
+    for j, c in enumerate(STEP_COLUMNS):
+        np.testing.assert_array_equal(cols[c], whole[:, j].astype(cols[c].dtype))
+    assert log.n == 0 and len(log.table()) == 0  # the log hands its rows over
 
 
 def test_step_sums_many_is_bit_identical() -> None:
@@ -457,6 +496,25 @@ def test_run_length_metrics_match_their_expansion() -> None:
         assert dist(gaps, w)["p90"] == dist(np.repeat(d0, cnt) + j * np.repeat(slope, cnt), np.repeat(g.decode_seqs, cnt))["p90"]
 
 
+def test_interval_itl_from_run_length_rows_matches_the_expansion(make_scenario) -> None:
+    """The intervals table's ITL, from each interval's run-length rows (`gap_dist`), is the
+    weighted distribution of the expanded steps starting in it: the same percentiles, exactly."""
+    from sim.metrics import dist, step_gaps
+
+    sc = make_scenario(workload={"rate_rps": 2.0, "duration_s": 60.0}, sim={"interval_s": 15.0})
+    res = simulate(sc, 1)
+    assert (res.steps["count"] > 1).any()
+    gaps, w = step_gaps(res.steps)
+    start = np.repeat(res.steps.start_s.to_numpy(), res.steps["count"].to_numpy())
+    assert len(res.intervals) >= 4
+    for row in res.intervals.itertuples():
+        inside = (start >= row.start_s) & (start < row.end_s)
+        ref = dist(gaps[inside], w[inside])
+        for p in ("p50", "p90", "p99"):
+            assert getattr(row, f"itl_s_{p}") == ref[p]
+        assert row.itl_s_mean == pytest.approx(ref["mean"], rel=1e-12)
+
+
 def test_itl_percentiles_from_run_length_rows_without_expanding() -> None:
     """`gap_dist` / `gap_moments` (what the summary and the benchmark figures use) pick exactly the
     percentiles the expanded gaps give, with ties, flat runs, one-step rows and clustered values;
@@ -491,6 +549,8 @@ def test_bench_fusion_quick_reports_both_engines() -> None:
         assert p["measured_requests"] == 120 and p["speedup"] > 0 and p["speedup_cpu"] > 0
         assert p["fused"]["steps"] == p["unfused"]["steps"] and p["e2e_mean_rel_diff"] < 1e-9
         assert p["fused"]["steps_per_s"] > 0 and p["fused"]["peak_rss_mib"] > 0
+        assert p["fused"]["steps_per_request"] == p["unfused"]["steps_per_request"] > 1
+        assert p["fused"]["cpu_us_per_request"] > 0 and p["fused"]["step_rows_per_request"] >= 1
     assert out["a"]["steps_per_row"] > 1 and out["b"]["steps_per_row"] == 1  # speculative runs keep a row per step
 
 
