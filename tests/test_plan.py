@@ -116,7 +116,7 @@ def loose_spec(plan_dir: Path) -> PlanSpec:
 
 @pytest.fixture(scope="module")
 def answer(spec: PlanSpec) -> pd.DataFrame:
-    return run_plan(spec, jobs=1)
+    return run_plan(spec, jobs=2)
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def curves(spec: PlanSpec, answer: pd.DataFrame) -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def loose_curves(loose_spec: PlanSpec) -> pd.DataFrame:
-    return capacity_curves(loose_spec, run_plan(loose_spec, jobs=1), jobs=2)
+    return capacity_curves(loose_spec, run_plan(loose_spec, jobs=2), jobs=2)
 
 
 @pytest.fixture(scope="module")

@@ -64,7 +64,7 @@ def test_day_plan_sizes_for_the_peak_and_autoscales_below_it(tmp_path: Path) -> 
     spec = load_plan(_write(tmp_path))
     assert spec.day is not None and spec.rate_rps == pytest.approx(26.0)  # the fixed rack: the day's peak
     assert spec.day.mean_rps == pytest.approx(15.0) and "peak 26.00 req/s" in spec.inputs()["day"]
-    answer, _ = run_search(spec, jobs=1)
+    answer, _ = run_search(spec, jobs=2)
     table, iv = run_day(spec, answer, tmp_path)
     r = table.iloc[0]
     assert r.fixed_replicas == 2  # 26 req/s needs two TP4 replicas of ~16 req/s each

@@ -52,7 +52,7 @@ def h200(tmp_path_factory: pytest.TempPathFactory) -> PlanSpec:
 
 @pytest.fixture(scope="module")
 def searched(h200: PlanSpec) -> tuple[pd.DataFrame, pd.DataFrame]:
-    return run_search(h200, jobs=1)
+    return run_search(h200, jobs=2)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_the_search_finds_the_cheaper_tp(searched: tuple[pd.DataFrame, pd.DataFr
 
 def test_pruning_keeps_the_exhaustive_answer(h200: PlanSpec, searched: tuple[pd.DataFrame, pd.DataFrame]) -> None:
     pruned, pc = searched
-    full, fc = run_search(h200, jobs=1, prune=False)
+    full, fc = run_search(h200, jobs=2, prune=False)
     keys = ["tp", "max_num_batched_tokens", "max_num_seqs", "replicas", "total_usd_per_month"]
     assert pruned[keys].iloc[0].tolist() == full[keys].iloc[0].tolist()
     assert (pc.status == "pruned").sum() >= 1 and (fc.status == "pruned").sum() == 0

@@ -139,7 +139,7 @@ def test_points_too_short_for_their_load_are_flagged(quick: dict[str, Any]) -> N
     assert not base[base.utilisation == 0.85].settled.any()
     assert (base[base.utilisation == 0.85].relaxation_s > 40).all()
     html = (quick["out"] / "report.html").read_text()
-    assert re.search(r"too short for their load to settle[^<]*baseline at 0\.(6|85)", html)
+    assert re.search(r"too short for their load to settle[^<]*baseline at u=0\.(60|85)", html)
 
 
 def test_draft_speeds_up_tpot_but_not_ttft_at_low_load(quick: dict[str, Any]) -> None:
