@@ -45,6 +45,7 @@ from models.catalog import GPUS, get_gpu
 from models.engines import get_profile, resolve
 from models.errors import ConfigError, unknown
 from sim.deployment import build_runtime, gpus_per_replica
+from sim.metrics import relaxation_s
 from sim.scenario import MAX_REQUESTS, SLO_KEYS, Scenario, gpu_name, load_scenario, read_toml, slo_key_hint
 from sim.traces import load_trace, trace_rate_rps
 
@@ -681,12 +682,6 @@ def _stationary(sc: Scenario) -> bool:
 def offered_rps(sc: Scenario) -> float | None:
     """The constant rate a stationary run offers (None otherwise, or when given as a utilisation)."""
     return sc.workload.rate_rps if _stationary(sc) else None
-
-
-def relaxation_s(e2e_mean_s: float, rho: float) -> float:
-    """The relaxation time of requests in system at utilisation rho with mean time in system
-    `e2e_mean_s` (see RELAX_WARMUP): tau / (1 - rho)."""
-    return e2e_mean_s / (1.0 - rho) if rho < 1.0 else math.inf
 
 
 def judged_length(sc: Scenario, sm: dict[str, Any], capacity_rps: float) -> tuple[float, float] | None:

@@ -32,6 +32,7 @@ import pandas as pd
 
 from models.errors import ConfigError
 from sim.capacity import Capacity, baseline_of, capacity_key, remember
+from sim.metrics import relaxation_s
 from sim.scenario import Scenario, load_scenario, read_toml
 from sim.simulate import capacity, flatten, simulate
 
@@ -465,7 +466,7 @@ def settledness(df: pd.DataFrame) -> pd.DataFrame:
     latencies are understated. (The planner, judging p99s against SLO targets, asks more: 3
     relaxation times of warm-up and 10 of window.)"""
     rho = df.offered_rps.astype(float) / df.capacity_rps.astype(float)
-    relax = np.where(rho < 1.0, df.e2e_s_mean.astype(float) / (1.0 - rho.clip(upper=0.999999)), np.inf)
+    relax = relaxation_s(df.e2e_s_mean.to_numpy(float), rho.to_numpy(float))
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         share = np.exp(-df.run_warmup_s.astype(float) / relax) * np.minimum(1.0, relax / df.run_window_s.astype(float))
     share = np.where(np.isfinite(relax), share, 1.0)

@@ -260,6 +260,16 @@ def _run_slope(g: pd.DataFrame) -> float:
     return float((sx * (y - y_mean)).sum() / sxx.sum())
 
 
+def relaxation_s(e2e_mean_s: Any, rho: Any) -> Any:
+    """The relaxation time of requests in system at utilisation rho (offered / capacity) with
+    mean time in system `e2e_mean_s`: tau / (1 - rho), inf at rho >= 1 (docs/METRICS.md,
+    'Planner run length'). Scalars or arrays."""
+    tau, r = np.asarray(e2e_mean_s, dtype=np.float64), np.asarray(rho, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.where(r < 1.0, tau / (1.0 - np.minimum(r, 1.0)), np.inf)
+    return float(t) if t.ndim == 0 else t
+
+
 def in_system(req: pd.DataFrame, times: np.ndarray) -> np.ndarray:
     """Requests in the system (arrived, not completed: waiting or running) at each time."""
     arr = np.sort(req.arrival_s.to_numpy(np.float64))
