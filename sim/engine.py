@@ -31,6 +31,8 @@ State lives in fixed-size numpy slot arrays, so per-step work is independent of 
 from __future__ import annotations
 
 import bisect
+import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Generator
@@ -54,6 +56,8 @@ STEP_COLUMNS = (
 )
 STEP_INT_COLUMNS = ("replica", "batch_size", "decode_seqs", "k", "kv_blocks_used", "waiting", "count")  # int64
 FUSE_MAX_STEPS = 4096  # longest fused run planned at once (a longer one is planned again at its end)
+FUSE_MAX_PIECES = 1024  # most segments and mixed steps a fused run admitting arrivals plans at once
+NEAR = 1e-9  # an arrival this close (relative) to a step boundary ends a run admitting arrivals
 # most acceptance uniforms a fused speculative run draws at once (steps x sequences x k; its memory
 # and the draws wasted when it stops early stay bounded; a longer run continues in the next one)
 FUSE_MAX_DRAWS = 1 << 16
@@ -93,6 +97,12 @@ class RunSegment(NamedTuple):
     stay: np.ndarray | None = None  # ... and which stay (known from the plan; else found at its end)
 
 
+def _near(times: list[float], j: int, t: float) -> bool:
+    """Whether arrival j (if any) is within NEAR (relative) of time t: then which of the two comes
+    first is left to SimPy's event order, not to the planner's float arithmetic."""
+    return j < len(times) and abs(times[j] - t) <= NEAR * (t if t > 1.0 else 1.0)
+
+
 class StepLog:
     """Column store for the step table, in blocks (amortised O(1) appends; no block is ever
     copied until `table`, so the peak is the rows plus one copy of them, not three). Single rows
@@ -117,6 +127,13 @@ class StepLog:
     def append(self, row: tuple[float, ...]) -> None:
         self._pending.append(row)
         self.n += 1
+        if len(self._pending) >= self.PENDING_ROWS:
+            self._flush()
+
+    def extend(self, rows: list[tuple[float, ...]]) -> None:
+        """Rows in order, at once (a fused run admitting arrivals)."""
+        self._pending.extend(rows)
+        self.n += len(rows)
         if len(self._pending) >= self.PENDING_ROWS:
             self._flush()
 
@@ -195,6 +212,14 @@ class FuseBound:
         self.cuts_s: list[float] = np.unique(cuts[np.isfinite(cuts)]).tolist()
         self.next_arrival_s = math.inf
         self.next_index = 0
+        self._times: list[float] | None = None
+
+    def times(self) -> list[float]:
+        """The queued arrival times as Python floats (built once: a run admitting arrivals reads
+        them one by one, which numpy scalars make slow)."""
+        if self._times is None:
+            self._times = self.routing[0].tolist() if self.routing is not None else []
+        return self._times
 
     def _routed_s(self, replica: int, outstanding: int | None = None) -> tuple[float, float]:
         """The earliest arrival that could be sent to this replica, and the earliest at which
@@ -220,6 +245,22 @@ class FuseBound:
         # an arrival event lands on now + (t - now), within an ulp or two of t
         return float(queued[j]) * (1.0 - 1e-15) if j < queued.size else math.inf
 
+    def next_cut_s(self, now: float) -> float:
+        """The first metric window boundary (a cut or a period end) after `now`."""
+        t = math.inf
+        i = bisect.bisect_right(self.cuts_s, now)
+        if i < len(self.cuts_s):
+            t = self.cuts_s[i]
+        if self.period_s is not None:
+            # the first k x period_s after now, with the same float product as np.arange(1, n) x period_s
+            k = math.floor(now / self.period_s) + 1
+            while k * self.period_s <= now:
+                k += 1
+            while k > 1 and (k - 1) * self.period_s > now:
+                k -= 1
+            t = min(t, k * self.period_s)
+        return t
+
     def next_s(self, now: float, replica: int = 0, outstanding: int | None = None) -> tuple[float, float]:
         """(bound, end bound): every step of a fused run must start before the bound (then
         nothing has reached the replica when it is planned) and the run must end before the end
@@ -234,18 +275,7 @@ class FuseBound:
         else:
             t, stop = self._routed_s(replica, outstanding)
             end = min(end, stop)
-        i = bisect.bisect_right(self.cuts_s, now)
-        if i < len(self.cuts_s):
-            t = min(t, self.cuts_s[i])
-        if self.period_s is not None:
-            # the first k x period_s after now, with the same float product as np.arange(1, n) x period_s
-            k = math.floor(now / self.period_s) + 1
-            while k * self.period_s <= now:
-                k += 1
-            while k > 1 and (k - 1) * self.period_s > now:
-                k -= 1
-            t = min(t, k * self.period_s)
-        return t, end
+        return min(t, self.next_cut_s(now)), end
 
 
 class Requests:
@@ -750,6 +780,11 @@ class Replica:
                 self.idle = False
             if self.fuse is not None and stalled_s == 0.0:
                 if spec is None:
+                    if self._absorbs():
+                        done_steps = yield from self._absorbing_run()
+                        if done_steps:
+                            decode_left = (decode_left - done_steps) % rt.scheduler_steps
+                            continue
                     segs = self._plan_run()
                     if segs is not None:
                         done_steps = yield from self._fused_run(segs)
@@ -1001,6 +1036,307 @@ class Replica:
                 break
         return segs
 
+    # ------------------------------------------------------------- fused runs that admit arrivals
+    def _absorbs(self) -> bool:
+        """Whether a fused run may also admit the arrivals it knows of (`_absorbing_run`): a run
+        through completions (`_chains`: an open loop, nothing reacting to a completion, no prefix
+        cache) with mixed prefill, nothing waiting, and a router that sends a request regardless
+        of the replicas' state (one replica, or round robin), so the arrivals that reach this
+        replica, and when, are known from the request table."""
+        fb = self.fuse
+        if fb is None or fb.routing is None or self.waiting or self.rt.prefill == "separate" or not self._chains():
+            return False
+        _, reps, _, router = fb.routing
+        return len(reps) == 1 or router == "round_robin"
+
+    def _absorbing_run(self) -> Generator[simpy.Event, Any, int]:
+        """A fused run that goes on through completions and through the arrivals that reach this
+        replica, in one timeout; returns its steps (0: none planned, take an ordinary step).
+
+        It is planned as the unfused loop would take its steps, in plain Python over scalars
+        (`_plan_absorbing`): pure decode segments while nothing arrives (priced and bounded as
+        `_plan_segment` does), and, after a step during which requests arrived, the mixed step
+        that admits them and prefills them whole (priced by `_spec_cost` as the ordinary step),
+        then decode segments again. Every running sequence gains one token a step, so sequence e
+        has context base_e + S after the run's S-th step: the context sum, the KV blocks the next
+        steps take (a 16-bin histogram of base_e mod 16) and the next completion (a heap of the
+        steps at which each finishes) are kept without arrays. The plan is applied when the
+        timeout fires: admissions (from the waiting queue, where the arrival process has put
+        them), completions, the slot arrays and the step rows, in the unfused engine's order."""
+        plan = self._plan_absorbing()
+        if plan is None:
+            return 0
+        end_s, steps, rows, (done, gone), admitted, entries, s_end, free = plan
+        # (the completions inside the run are not shown to `outstanding` while it is in flight,
+        # as `_fused_run` does: with one replica or round robin no router reads it)
+        yield self.env.timeout(end_s - self.env.now)
+        reqs = self.reqs
+        for rid, start, _ in admitted:
+            got = self.waiting.popleft()
+            assert got == rid, (got, rid)
+            if math.isnan(reqs.scheduled[rid]):
+                reqs.scheduled[rid] = start
+        if admitted:
+            a = np.array([r for r, _, _ in admitted], dtype=np.int64)
+            reqs.first_token[a] = np.array([f for _, _, f in admitted])
+        base, fin, rids, outs, alive = entries
+        n0 = self.n_running
+        if done:
+            g = np.array([rids[e] for e in gone], dtype=np.int64)
+            reqs.completion[g] = np.array(done)
+            reqs.generated[g] = np.array([outs[e] for e in gone], dtype=np.int64)
+            reqs.n_done += len(gone)
+        # the survivors, in slot order: the run's first sequences, then the admitted ones
+        keep0 = np.array(alive[:n0], dtype=bool)
+        new = [e for e in range(n0, len(base)) if alive[e]]
+        ints = self._ints
+        old = ints[:, :n0][:, keep0]
+        m0 = old.shape[1]
+        m = m0 + len(new)
+        ints[:, :m0] = old
+        self.acc[:m0] = self.acc[:n0][keep0]
+        if new:
+            nr = np.array([rids[e] for e in new], dtype=np.int64)
+            ints[:, m0:m] = 0
+            self.rid[m0:m] = nr
+            self.target[m0:m] = reqs.prompt[nr] + reqs.generated[nr]
+            self.out[m0:m] = reqs.output[nr]
+            self.acc[m0:m] = reqs.acceptance[nr]
+        live = [e for e in range(len(base)) if alive[e]]
+        b = np.array([base[e] for e in live], dtype=np.int64)
+        f = np.array([fin[e] for e in live], dtype=np.int64)
+        self.computed[:m] = b + s_end
+        self.blocks[:m] = (b + s_end + (BLOCK_SIZE - 1)) // BLOCK_SIZE
+        self.gen[:m] = self.out[:m] - (f - s_end)
+        self.n_running = m
+        self.free_blocks = free
+        if rows[-1][10] < 0:  # its waiting count left to the queue (the run ends there)
+            rows[-1] = (*rows[-1][:10], len(self.waiting), *rows[-1][11:])
+        self.log.extend(rows)
+        return steps
+
+    @staticmethod
+    def _leave_planned(heap: list[tuple[int, int]], S: int, t: float, base: list[int], hist: list[int],
+                       alive: list[bool], done: list[float], gone: list[int], n: int, free: int,
+                       sum_base: int) -> tuple[int, int, int]:
+        """`_plan_absorbing`'s completions after its S-th step, at time t: the entries finishing
+        there leave the plan's state (their blocks freed); returns (sequences, free blocks,
+        context base sum) after them."""
+        B = BLOCK_SIZE
+        while heap and heap[0][0] == S:
+            _, e = heapq.heappop(heap)
+            be = base[e]
+            free += (be + S + (B - 1)) // B
+            sum_base -= be
+            hist[be % B] -= 1
+            alive[e] = False
+            done.append(t)
+            gone.append(e)
+            n -= 1
+        return n, free, sum_base
+
+    def _plan_absorbing(self) -> tuple[Any, ...] | None:
+        """The plan of `_absorbing_run` (see there), or None when no run of two steps or more is
+        possible now. The run stops, before the piece that would break a rule, where the ordinary
+        loop must decide: a request that cannot be admitted and prefilled whole in its step (no
+        slot, no block, a prompt longer than the token budget left), a decode step that would have
+        to preempt, a metric window boundary (cut) with nothing arrived, an arrival within NEAR of
+        a step boundary (the order of the two events is left to SimPy), an idle replica, the end
+        bound (horizon, backlog limit) or FUSE_MAX_PIECES pieces."""
+        n = self.n_running
+        if n == 0:
+            return None
+        c0 = self.computed[:n]
+        if (c0 < self.target[:n]).any():
+            return None
+        rem0 = self.out[:n] - self.gen[:n]
+        if int(rem0.min()) < 2:
+            return None
+        B = BLOCK_SIZE
+        if int(self.blocks[:n].sum()) != int(((c0 + (B - 1)) // B).sum()):
+            return None
+        fb, rt, reqs = self.fuse, self.rt, self.reqs
+        assert fb is not None and fb.routing is not None
+        cost = rt.cost
+        reps = fb.routing[1]
+        queued = fb.times()
+        nq = len(queued)
+        stride = len(reps)
+        g = fb.next_index
+        j = g + (self.idx - g) % stride  # the next arrival that reaches this replica
+        t = self.env.now
+        _, end_bound = fb.next_s(t, self.idx)
+        num_blocks = rt.plan.num_blocks
+        budget_max, max_seqs, chunked = rt.max_num_batched_tokens, rt.max_num_seqs, rt.chunked_prefill
+        base: list[int] = c0.tolist()
+        fin: list[int] = rem0.tolist()  # the run step after which each finishes
+        rids: list[int] = self.rid[:n].tolist()
+        outs: list[int] = self.out[:n].tolist()
+        alive = [True] * n
+        hist = np.bincount(c0 % B, minlength=B).tolist()
+        sum_base = int(c0.sum())
+        heap = [(fin[e], e) for e in range(n)]
+        heapq.heapify(heap)
+        free = self.free_blocks
+        S = 0
+        steps = 0
+        rows: list[tuple[float, ...]] = []  # its step rows, in order
+        done: list[float] = []  # completion times, in the order the entries leave ...
+        gone: list[int] = []  # ... and those entries
+        admitted: list[tuple[int, float, float]] = []
+        min_steps = 2
+        cut = fb.next_cut_s(t)  # the next metric window boundary (found again once passed)
+        arrived = 0  # requests that arrived during the last piece's last step
+        pieces = 0
+        while pieces < FUSE_MAX_PIECES:
+            if not arrived:
+                # ---- a decode segment from step S, time t
+                m_fin = heap[0][0] - S
+                ctx0 = float(sum_base + n * S)
+                d0 = cost.decode_s(n, ctx0)
+                arr_s = queued[j] * (1.0 - 1e-15) if j < nq else math.inf
+                if t >= cut:
+                    cut = fb.next_cut_s(t)
+                bound = arr_s if arr_s < cut else cut
+                limit = bound if bound < end_bound else end_bound
+                mm = min(m_fin, FUSE_MAX_STEPS, int((limit - t) / d0) + 2)
+                if mm < min_steps:
+                    break
+                # first[r]: new blocks in the next r steps (sequence e takes one at relative step r
+                # when (base_e + S + r) % B == 0)
+                s0 = (-S) % B
+                cnt = hist[s0::-1] + hist[:s0:-1]  # cnt[r] = hist[(-S - r) % B]
+                first = [0, *itertools.accumulate(cnt)]
+                if n * (mm // B + 1) > free and (mm // B) * n + first[mm % B] > free:
+                    s_ = (free // n) * B
+                    while s_ < mm and ((s_ + 1) // B) * n + first[(s_ + 1) % B] <= free:
+                        s_ += 1
+                    mm = s_
+                    if mm < min_steps:
+                        break
+                last = mm - 1
+                slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
+                k = mm
+                while k >= min_steps and (t + (k - 1) * d0 + slope * ((k - 1) * (k - 2) / 2.0) >= bound
+                                          or t + k * d0 + slope * (k * (k - 1) / 2.0) >= end_bound):
+                    k -= 1
+                if k < min_steps:
+                    break
+                split = t + k * d0 + slope * (k * (k - 1) / 2.0) >= bound
+                end = t + (k * d0 + slope * (k * (k - 1) / 2.0))
+                new_blocks = (k // B) * n + first[k % B]
+                used0 = num_blocks - free
+                but_last = ((k - 1) // B) * n + first[(k - 1) % B]
+                free -= new_blocks
+                S += k
+                steps += k
+                t_prev, t = t, end
+                n_seg = n
+                n, free, sum_base = self._leave_planned(heap, S, t, base, hist, alive, done, gone, n, free, sum_base)
+                used = num_blocks - free
+                near = False
+                if split:
+                    while j + arrived * stride < nq and queued[j + arrived * stride] <= t:
+                        arrived += 1
+                    near = _near(queued, j + arrived * stride, t) or (
+                        arrived > 0 and _near(queued, j + (arrived - 1) * stride, t))
+                    if k > 1:
+                        rows.append(self._run_row(t_prev, k - 1, d0, slope, n_seg, ctx0, used0 + but_last, 0))
+                    off = (k - 1) * d0 + slope * ((k - 1) * (k - 2) / 2.0)
+                    rows.append(self._run_row(t_prev + off, 1, d0 + (k - 1) * slope, 0.0, n_seg, ctx0 + (k - 1) * n_seg,
+                                 used, -1 if near else arrived))
+                else:
+                    rows.append(self._run_row(t_prev, k, d0, slope, n_seg, ctx0, used, 0))
+                pieces += 1
+                min_steps = 1
+                if near or n == 0 or t >= end_bound:
+                    break
+                if not arrived and (split or k != m_fin):
+                    break  # a cut, the KV blocks or the longest segment planned at once ended it
+                continue
+            # ---- the mixed step from step S, time t, admitting the `arrived` requests from j
+            need = hist[(-S) % B]  # decoding sequences taking a block this step
+            if need > free:
+                break
+            free2 = free - need
+            full = budget = budget_max - n
+            running = n
+            chunks: list[int] = []
+            ok = True
+            for q in range(arrived):
+                rid = j + q * stride
+                if not (budget > 0 and running < max_seqs and free2 > 0) or reqs.generated[rid]:
+                    ok = False
+                    break
+                tokens = int(reqs.prompt[rid])
+                nb = -(-tokens // B)
+                if tokens <= 0 or nb > free2 or (tokens > budget and (chunked or budget != full)):
+                    ok = False  # a chunk of it, or it waits: the ordinary loop decides
+                    break
+                chunks.append(tokens)
+                budget -= tokens
+                free2 -= nb
+                running += 1
+            if not ok:
+                break
+            n_pre = len(chunks)
+            if n_pre == 1:  # as the ordinary step sums one chunk
+                pre_tokens = float(chunks[0])
+                pre_ctx = 0.0
+                pre_pairs = pre_tokens * pre_ctx + 0.5 * (pre_tokens * (pre_tokens + 1.0))
+            else:
+                ch = np.asarray(chunks, dtype=np.float64)
+                pre_ctx_arr = np.zeros(n_pre)
+                pre_tokens = float(ch.sum())
+                pre_ctx = float(pre_ctx_arr.sum())
+                pre_pairs = float((ch * pre_ctx_arr).sum() + 0.5 * (ch * (ch + 1.0)).sum())
+            total_s, target_s, _, over_s, flops, nbytes = self._spec_cost(
+                n, float(sum_base + n * S), 0, n_pre, pre_tokens, pre_ctx, pre_pairs, None)
+            end = t + total_s
+            if end >= end_bound:
+                break
+            j2 = j + arrived * stride
+            more = 0
+            while j2 + more * stride < nq and queued[j2 + more * stride] <= end:
+                more += 1
+            if _near(queued, j2 + more * stride, end) or (more > 0 and _near(queued, j2 + (more - 1) * stride, end)):
+                break
+            # the step is taken: admissions, one token each, completions
+            free = free2
+            n_dec = n
+            for q in range(n_pre):
+                rid = j + q * stride
+                e = len(base)
+                be = chunks[q] - S - 1  # context chunks[q] after this step
+                base.append(be)
+                out = int(reqs.output[rid])
+                assert out >= 1
+                fin.append(S + out)
+                rids.append(rid)
+                outs.append(out)
+                alive.append(True)
+                heapq.heappush(heap, (S + out, e))
+                hist[be % B] += 1
+                sum_base += be
+                n += 1
+                admitted.append((rid, t, end))
+            S += 1
+            steps += 1
+            t_start, t = t, end
+            n, free, sum_base = self._leave_planned(heap, S, t, base, hist, alive, done, gone, n, free, sum_base)
+            rows.append((self.idx, t_start, total_s, n_dec + n_pre, n_dec,
+                               pre_tokens, n_dec, n_dec + n_pre, 0, num_blocks - free, more, flops, nbytes,
+                               target_s, 0.0, over_s, total_s, 1, 0.0))
+            pieces += 1
+            min_steps = 1
+            j = j2
+            arrived = more
+            if n == 0 or t >= end_bound:
+                break
+        if not rows:
+            return None
+        return t, steps, rows, (done, gone), admitted, (base, fin, rids, outs, alive), S, free
+
     def _plan_segment(self, t: float, n: int, c: np.ndarray, m: int, free: int, held: int, bound: float,
                       end_bound: float, min_steps: int) -> RunSegment | None:
         """One segment of a fused run from time t: n sequences at contexts c (blocks held
@@ -1086,15 +1422,20 @@ class Replica:
 
     def _log_run(self, start: float, steps: int, d0: float, slope: float, n: int, ctx0: float,
                  used_blocks: int, waiting: int) -> None:
-        """One step row for `steps` pure decode steps of n sequences, the first at context ctx0 and
+        """One step row for `steps` pure decode steps of n sequences (`_run_row`)."""
+        self.log.append(self._run_row(start, steps, d0, slope, n, ctx0, used_blocks, waiting))
+
+    def _run_row(self, start: float, steps: int, d0: float, slope: float, n: int, ctx0: float,
+                 used_blocks: int, waiting: int) -> tuple[float, ...]:
+        """The step row of `steps` pure decode steps of n sequences, the first at context ctx0 and
         lasting d0, each next one `slope` longer: run-length (count, first duration, slope) when
         more than one."""
         cost = self.rt.cost
         total = steps * d0 + slope * (steps * (steps - 1) / 2.0)
         ctx_sum = steps * ctx0 + n * (steps * (steps - 1) / 2.0)
         flops, nbytes = cost.run_sums(float(n), ctx_sum, ctx_sum + steps * n, steps)
-        self.log.append((self.idx, start, total, n, n, 0.0, n * steps, n * steps, 0, used_blocks, waiting,
-                         flops * cost.tp, nbytes * cost.tp, total, 0.0, 0.0, d0, steps, slope if steps > 1 else 0.0))
+        return (self.idx, start, total, n, n, 0.0, n * steps, n * steps, 0, used_blocks, waiting,
+                flops * cost.tp, nbytes * cost.tp, total, 0.0, 0.0, d0, steps, slope if steps > 1 else 0.0)
 
     def _spec_run(self) -> Generator[simpy.Event, Any, int]:
         """A run of speculative decode steps in one timeout; returns how many steps it advanced
