@@ -1038,16 +1038,13 @@ class Replica:
 
     # ------------------------------------------------------------- fused runs that admit arrivals
     def _absorbs(self) -> bool:
-        """Whether a fused run may also admit the arrivals it knows of (`_absorbing_run`): a run
-        through completions (`_chains`: an open loop, nothing reacting to a completion, no prefix
-        cache) with mixed prefill, nothing waiting, and a router that sends a request regardless
-        of the replicas' state (one replica, or round robin), so the arrivals that reach this
-        replica, and when, are known from the request table."""
+        """Whether a fused run may also admit requests (`_absorbing_run`): a run through
+        completions (`_chains`: an open loop, nothing reacting to a completion, no prefix cache)
+        with mixed prefill. It admits those waiting when it starts and, where the router sends a
+        request regardless of the replicas' state (one replica, or round robin: the arrivals that
+        reach this replica, and when, are known from the request table), those arriving during it."""
         fb = self.fuse
-        if fb is None or fb.routing is None or self.waiting or self.rt.prefill == "separate" or not self._chains():
-            return False
-        _, reps, _, router = fb.routing
-        return len(reps) == 1 or router == "round_robin"
+        return fb is not None and fb.routing is not None and self.rt.prefill != "separate" and self._chains()
 
     def _absorbing_run(self) -> Generator[simpy.Event, Any, int]:
         """A fused run that goes on through completions and through the arrivals that reach this
@@ -1066,10 +1063,12 @@ class Replica:
         plan = self._plan_absorbing()
         if plan is None:
             return 0
-        end_s, steps, rows, (done, gone), admitted, entries, s_end, free = plan
-        # (the completions inside the run are not shown to `outstanding` while it is in flight,
-        # as `_fused_run` does: with one replica or round robin no router reads it)
+        end_s, steps, rows, (done, gone), admitted, entries, s_end, free, known = plan
+        # the completions inside the run, shown to `outstanding` while it is in flight (as
+        # `_fused_run` does) where a router reads it (not with one replica or round robin)
+        self._gone = [] if known else [(t, 1) for t in done]
         yield self.env.timeout(end_s - self.env.now)
+        self._gone = []
         reqs = self.reqs
         for rid, start, _ in admitted:
             got = self.waiting.popleft()
@@ -1087,27 +1086,23 @@ class Replica:
             reqs.generated[g] = np.array([outs[e] for e in gone], dtype=np.int64)
             reqs.n_done += len(gone)
         # the survivors, in slot order: the run's first sequences, then the admitted ones
-        keep0 = np.array(alive[:n0], dtype=bool)
-        new = [e for e in range(n0, len(base)) if alive[e]]
-        ints = self._ints
-        old = ints[:, :n0][:, keep0]
-        m0 = old.shape[1]
-        m = m0 + len(new)
-        ints[:, :m0] = old
-        self.acc[:m0] = self.acc[:n0][keep0]
-        if new:
-            nr = np.array([rids[e] for e in new], dtype=np.int64)
-            ints[:, m0:m] = 0
+        live = np.array(alive, dtype=bool)
+        if not live[:n0].all():
+            self._compact(live[:n0])
+        m0 = self.n_running
+        m = m0 + int(live[n0:].sum())
+        if m > m0:
+            nr = np.array(rids[n0:], dtype=np.int64)[live[n0:]]
+            self._ints[:, m0:m] = 0
             self.rid[m0:m] = nr
             self.target[m0:m] = reqs.prompt[nr] + reqs.generated[nr]
             self.out[m0:m] = reqs.output[nr]
             self.acc[m0:m] = reqs.acceptance[nr]
-        live = [e for e in range(len(base)) if alive[e]]
-        b = np.array([base[e] for e in live], dtype=np.int64)
-        f = np.array([fin[e] for e in live], dtype=np.int64)
-        self.computed[:m] = b + s_end
-        self.blocks[:m] = (b + s_end + (BLOCK_SIZE - 1)) // BLOCK_SIZE
-        self.gen[:m] = self.out[:m] - (f - s_end)
+        if m:
+            b = np.array(base, dtype=np.int64)[live] + s_end  # their contexts now
+            self.computed[:m] = b
+            self.blocks[:m] = (b + (BLOCK_SIZE - 1)) // BLOCK_SIZE
+            self.gen[:m] = self.out[:m] - (np.array(fin, dtype=np.int64)[live] - s_end)
         self.n_running = m
         self.free_blocks = free
         if rows[-1][10] < 0:  # its waiting count left to the queue (the run ends there)
@@ -1136,36 +1131,42 @@ class Replica:
         return n, free, sum_base
 
     def _plan_absorbing(self) -> tuple[Any, ...] | None:
-        """The plan of `_absorbing_run` (see there), or None when no run of two steps or more is
-        possible now. The run stops, before the piece that would break a rule, where the ordinary
+        """The plan of `_absorbing_run` (see there), or None when it cannot start now (nothing
+        runs and nothing waits, a partial prefill, a preempted request waiting, or no piece
+        possible). The run stops, before the piece that would break a rule, where the ordinary
         loop must decide: a request that cannot be admitted and prefilled whole in its step (no
         slot, no block, a prompt longer than the token budget left), a decode step that would have
         to preempt, a metric window boundary (cut) with nothing arrived, an arrival within NEAR of
         a step boundary (the order of the two events is left to SimPy), an idle replica, the end
-        bound (horizon, backlog limit) or FUSE_MAX_PIECES pieces."""
+        bound (horizon, backlog limit) or FUSE_MAX_PIECES pieces. Where the router's choice
+        depends on the replicas' counts (least outstanding), nothing that arrives during the run is
+        admitted in it: the run stops after the step during which a request could first have been
+        sent here (`FuseBound.next_s`, recomputed after each completion here)."""
         n = self.n_running
-        if n == 0:
+        waiting = self.waiting
+        if n == 0 and not waiting:
             return None
         c0 = self.computed[:n]
-        if (c0 < self.target[:n]).any():
-            return None
-        rem0 = self.out[:n] - self.gen[:n]
-        if int(rem0.min()) < 2:
-            return None
         B = BLOCK_SIZE
-        if int(self.blocks[:n].sum()) != int(((c0 + (B - 1)) // B).sum()):
+        if n and ((c0 < self.target[:n]).any()
+                  or int(self.blocks[:n].sum()) != int(((c0 + (B - 1)) // B).sum())):
             return None
         fb, rt, reqs = self.fuse, self.rt, self.reqs
         assert fb is not None and fb.routing is not None
+        pending: list[int] = list(waiting)  # admitted at the next step, FCFS
+        if pending and (len(pending) > rt.max_num_seqs or reqs.generated[pending].any()):
+            return None  # more than the slots, or a preempted request (recompute): the ordinary loop
+        rem0 = self.out[:n] - self.gen[:n]
         cost = rt.cost
-        reps = fb.routing[1]
+        _, reps, _, router = fb.routing
+        known = len(reps) == 1 or router == "round_robin"  # the arrivals that reach it are known
         queued = fb.times()
         nq = len(queued)
         stride = len(reps)
         g = fb.next_index
-        j = g + (self.idx - g) % stride  # the next arrival that reaches this replica
+        j = g + (self.idx - g) % stride  # the next arrival that reaches this replica (when known)
         t = self.env.now
-        _, end_bound = fb.next_s(t, self.idx)
+        bound, end_bound = fb.next_s(t, self.idx)
         num_blocks = rt.plan.num_blocks
         budget_max, max_seqs, chunked = rt.max_num_batched_tokens, rt.max_num_seqs, rt.chunked_prefill
         base: list[int] = c0.tolist()
@@ -1186,18 +1187,18 @@ class Replica:
         admitted: list[tuple[int, float, float]] = []
         min_steps = 2
         cut = fb.next_cut_s(t)  # the next metric window boundary (found again once passed)
-        arrived = 0  # requests that arrived during the last piece's last step
         pieces = 0
         while pieces < FUSE_MAX_PIECES:
-            if not arrived:
+            if not pending:
                 # ---- a decode segment from step S, time t
                 m_fin = heap[0][0] - S
                 ctx0 = float(sum_base + n * S)
                 d0 = cost.decode_s(n, ctx0)
-                arr_s = queued[j] * (1.0 - 1e-15) if j < nq else math.inf
                 if t >= cut:
                     cut = fb.next_cut_s(t)
-                bound = arr_s if arr_s < cut else cut
+                if known:
+                    arr_s = queued[j] * (1.0 - 1e-15) if j < nq else math.inf
+                    bound = arr_s if arr_s < cut else cut
                 limit = bound if bound < end_bound else end_bound
                 mm = min(m_fin, FUSE_MAX_STEPS, int((limit - t) / d0) + 2)
                 if mm < min_steps:
@@ -1234,27 +1235,30 @@ class Replica:
                 n_seg = n
                 n, free, sum_base = self._leave_planned(heap, S, t, base, hist, alive, done, gone, n, free, sum_base)
                 used = num_blocks - free
-                near = False
+                stop = False
+                waits = 0
                 if split:
-                    while j + arrived * stride < nq and queued[j + arrived * stride] <= t:
-                        arrived += 1
-                    near = _near(queued, j + arrived * stride, t) or (
-                        arrived > 0 and _near(queued, j + (arrived - 1) * stride, t))
+                    if known:
+                        j, waits, stop = self._arrived(queued, j, stride, t, pending)
+                    else:
+                        stop = True  # something may have been sent here during its last step
                     if k > 1:
                         rows.append(self._run_row(t_prev, k - 1, d0, slope, n_seg, ctx0, used0 + but_last, 0))
                     off = (k - 1) * d0 + slope * ((k - 1) * (k - 2) / 2.0)
-                    rows.append(self._run_row(t_prev + off, 1, d0 + (k - 1) * slope, 0.0, n_seg, ctx0 + (k - 1) * n_seg,
-                                 used, -1 if near else arrived))
+                    rows.append(self._run_row(t_prev + off, 1, d0 + (k - 1) * slope, 0.0, n_seg,
+                                              ctx0 + (k - 1) * n_seg, used, -1 if stop else waits))
                 else:
                     rows.append(self._run_row(t_prev, k, d0, slope, n_seg, ctx0, used, 0))
                 pieces += 1
                 min_steps = 1
-                if near or n == 0 or t >= end_bound:
+                if stop or n == 0 or t >= end_bound:
                     break
-                if not arrived and (split or k != m_fin):
+                if not pending and (split or k != m_fin):
                     break  # a cut, the KV blocks or the longest segment planned at once ended it
+                if not known and n_seg != n:  # fewer outstanding here: more may be sent here
+                    bound = min(fb.next_s(t, self.idx, outstanding=n)[0], bound)
                 continue
-            # ---- the mixed step from step S, time t, admitting the `arrived` requests from j
+            # ---- the mixed step from step S, time t, admitting the `pending` requests
             need = hist[(-S) % B]  # decoding sequences taking a block this step
             if need > free:
                 break
@@ -1262,24 +1266,20 @@ class Replica:
             full = budget = budget_max - n
             running = n
             chunks: list[int] = []
-            ok = True
-            for q in range(arrived):
-                rid = j + q * stride
-                if not (budget > 0 and running < max_seqs and free2 > 0) or reqs.generated[rid]:
-                    ok = False
+            for rid in pending:
+                if not (budget > 0 and running < max_seqs and free2 > 0):
                     break
                 tokens = int(reqs.prompt[rid])
                 nb = -(-tokens // B)
                 if tokens <= 0 or nb > free2 or (tokens > budget and (chunked or budget != full)):
-                    ok = False  # a chunk of it, or it waits: the ordinary loop decides
-                    break
+                    break  # a chunk of it, or it waits: the ordinary loop decides
                 chunks.append(tokens)
                 budget -= tokens
                 free2 -= nb
                 running += 1
-            if not ok:
-                break
             n_pre = len(chunks)
+            if n_pre < len(pending):
+                break
             if n_pre == 1:  # as the ordinary step sums one chunk
                 pre_tokens = float(chunks[0])
                 pre_ctx = 0.0
@@ -1291,23 +1291,25 @@ class Replica:
                 pre_ctx = float(pre_ctx_arr.sum())
                 pre_pairs = float((ch * pre_ctx_arr).sum() + 0.5 * (ch * (ch + 1.0)).sum())
             total_s, target_s, _, over_s, flops, nbytes = self._spec_cost(
-                n, float(sum_base + n * S), 0, n_pre, pre_tokens, pre_ctx, pre_pairs, None)
+                n, float(sum_base + n * S) if n else 0.0, 0, n_pre, pre_tokens, pre_ctx, pre_pairs, None)
             end = t + total_s
             if end >= end_bound:
                 break
-            j2 = j + arrived * stride
-            more = 0
-            while j2 + more * stride < nq and queued[j2 + more * stride] <= end:
-                more += 1
-            if _near(queued, j2 + more * stride, end) or (more > 0 and _near(queued, j2 + (more - 1) * stride, end)):
-                break
+            step_rids, pending = pending, []
+            stop = False
+            waits = 0
+            if known:
+                j, waits, stop = self._arrived(queued, j, stride, end, pending)
+                if stop:  # an arrival at its end: which comes first is SimPy's
+                    break
+            elif end >= bound:
+                stop = True  # something may have been sent here while it ran
             # the step is taken: admissions, one token each, completions
             free = free2
             n_dec = n
-            for q in range(n_pre):
-                rid = j + q * stride
+            for rid, chunk in zip(step_rids, chunks, strict=True):
                 e = len(base)
-                be = chunks[q] - S - 1  # context chunks[q] after this step
+                be = chunk - S - 1  # context `chunk` after this step
                 base.append(be)
                 out = int(reqs.output[rid])
                 assert out >= 1
@@ -1324,18 +1326,31 @@ class Replica:
             steps += 1
             t_start, t = t, end
             n, free, sum_base = self._leave_planned(heap, S, t, base, hist, alive, done, gone, n, free, sum_base)
-            rows.append((self.idx, t_start, total_s, n_dec + n_pre, n_dec,
-                               pre_tokens, n_dec, n_dec + n_pre, 0, num_blocks - free, more, flops, nbytes,
-                               target_s, 0.0, over_s, total_s, 1, 0.0))
+            rows.append((self.idx, t_start, total_s, n_dec + n_pre, n_dec, pre_tokens, n_dec, n_dec + n_pre, 0,
+                         num_blocks - free, -1 if stop else waits, flops, nbytes, target_s, 0.0, over_s,
+                         total_s if n_dec else 0.0, 1, 0.0))
             pieces += 1
             min_steps = 1
-            j = j2
-            arrived = more
-            if n == 0 or t >= end_bound:
+            if stop or n == 0 or t >= end_bound:
                 break
+            if not known:
+                bound = min(fb.next_s(t, self.idx, outstanding=n)[0], bound)
         if not rows:
             return None
-        return t, steps, rows, (done, gone), admitted, (base, fin, rids, outs, alive), S, free
+        return t, steps, rows, (done, gone), admitted, (base, fin, rids, outs, alive), S, free, known
+
+    @staticmethod
+    def _arrived(queued: list[float], j: int, stride: int, t: float, pending: list[int]) -> tuple[int, int, bool]:
+        """The arrivals that reach this replica (from j, `stride` apart) up to time t, appended to
+        `pending`: (the next index, how many, whether one is within NEAR of t: then the run stops)."""
+        a = 0
+        nq = len(queued)
+        while j < nq and queued[j] <= t:
+            pending.append(j)
+            j += stride
+            a += 1
+        near = _near(queued, j, t) or (a > 0 and _near(queued, j - stride, t))
+        return j, a, near
 
     def _plan_segment(self, t: float, n: int, c: np.ndarray, m: int, free: int, held: int, bound: float,
                       end_bound: float, min_steps: int) -> RunSegment | None:

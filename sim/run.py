@@ -55,6 +55,7 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
             return
     if fuse is not None:
         fuse.next_arrival_s = float("inf")
+        fuse.next_index = n  # every request delivered
 
 
 # prefix_affinity's guards, SGLang's cache-aware router defaults (sgl-router / SMG: --cache-threshold

@@ -187,23 +187,26 @@ def test_fused_equals_unfused_on_a_trace_like_table(make_scenario) -> None:
 
 @pytest.fixture
 def run_counter(monkeypatch):
-    """Per fused plain-decode run: its pieces, the completions inside it (before its end) and the
-    arrivals it admitted (`Replica._fused_run`: a run through completions; `_plan_absorbing`: one
-    that also admits the arrivals it knows of)."""
+    """Per fused plain-decode run: its pieces, the completions inside it (before its end), the
+    requests it admitted that were waiting when it started and those that arrived during it
+    (`Replica._fused_run`: a run through completions; `_plan_absorbing`: one that also admits)."""
     from sim import engine
 
     seen: list[dict[str, int]] = []
     inner, plan = engine.Replica._fused_run, engine.Replica._plan_absorbing
 
     def counted(self, segs):
-        seen.append({"pieces": len(segs), "inside": len(segs) - 1, "admitted": 0})
+        seen.append({"pieces": len(segs), "inside": len(segs) - 1, "at_start": 0, "during": 0})
         return (yield from inner(self, segs))
 
     def planned(self):
+        waiting = set(self.waiting)
         p = plan(self)
         if p is not None:
             end_s, _, rows, (done, _), admitted, *_ = p
-            seen.append({"pieces": len(rows), "inside": sum(t < end_s for t in done), "admitted": len(admitted)})
+            at_start = sum(rid in waiting for rid, _, _ in admitted)
+            seen.append({"pieces": len(rows), "inside": sum(t < end_s for t in done), "at_start": at_start,
+                         "during": len(admitted) - at_start})
         return p
 
     monkeypatch.setattr(engine.Replica, "_fused_run", counted)
@@ -212,24 +215,29 @@ def run_counter(monkeypatch):
 
 
 @pytest.mark.parametrize(("name", "chains", "admits"), [
-    ("light", True, True), ("4-replicas-least", True, False), ("2-replicas-rr", True, True),
-    ("no-chunked-prefill", True, True), ("separate", True, False), ("closed", False, False),
-    ("gated", False, False)])
+    ("light", True, "during"), ("4-replicas-least", True, "at_start"), ("2-replicas-rr", True, "during"),
+    ("no-chunked-prefill", True, "during"), ("separate", True, ""), ("closed", False, ""), ("gated", False, "")])
 def test_runs_go_on_through_completions_and_arrivals_only_where_nothing_reacts(
-        make_scenario, run_counter, name: str, chains: bool, admits: bool) -> None:
-    """Open loop: a run whose last step completes a sequence goes on with the smaller batch, and
-    with one replica or round robin (the arrivals that reach a replica are known) and mixed
-    prefill, a run also admits the requests that arrive during it, in the mixed step the unfused
-    loop takes (exact: the matrix above); a closed loop (a completion sends the next request, also
-    behind max_concurrency) ends the run at every completion and admits nothing."""
+        make_scenario, run_counter, name: str, chains: bool, admits: str) -> None:
+    """Open loop: a run whose last step completes a sequence goes on with the smaller batch; with
+    mixed prefill a run starts by admitting the requests waiting (in the mixed step the unfused
+    loop takes) and, with one replica or round robin (the arrivals that reach a replica are
+    known), also admits those that arrive during it (exact: the matrix above); under least
+    outstanding it stops where a request could be sent to it. A closed loop (a completion sends
+    the next request, also behind max_concurrency) ends the run at every completion and admits
+    nothing."""
     sc = make_scenario(**_MATRIX[name])
     sim = simulate(sc.with_overrides({"sim.fuse_steps": True}), 1)
     assert run_counter and (max(r["pieces"] for r in run_counter) > 1) == chains
     done = int(sim.requests.completion_s.notna().sum())
     if chains:  # most completions fall inside a run, not at its end
         assert sum(r["inside"] for r in run_counter) > 0.3 * done
-    admitted = sum(r["admitted"] for r in run_counter)
-    assert (admitted > 0.5 * len(sim.requests)) if admits else admitted == 0
+    at_start, during = (sum(r[k] for r in run_counter) for k in ("at_start", "during"))
+    assert during > 0.5 * len(sim.requests) if admits == "during" else during == 0
+    if admits == "at_start":
+        assert at_start > 0.5 * len(sim.requests)
+    elif not admits:
+        assert at_start == 0
 
 
 def test_sliding_window_models_do_not_fuse(make_scenario) -> None:
