@@ -299,6 +299,7 @@ class Requests:
         self.verify_emitted = np.zeros(n, dtype=np.int64)
         self.match = np.zeros(n)  # suffix decoding: probability of a suffix-tree match at a decoding step
         self.n_done = 0  # requests completed so far
+        self.requeued = 0  # preemptions so far (each puts a request back in a waiting queue)
         self.on_complete: Callable[[int], None] | None = None  # closed loop: told how many just completed
         # prefix caching (sim/prefix_cache.py): None when no request carries block hashes. Request r's
         # units are unit_key[unit_off[r]:unit_off[r + 1]]; unit_cum holds, per unit, the KV blocks of
@@ -525,6 +526,7 @@ class Replica:
             self.reqs.prefill_tokens[rid] -= max(0, int(self.target[i] - self.computed[i]))
             self._release(i)
         self.reqs.preemptions[rid] += 1
+        self.reqs.requeued += 1
         self.waiting.appendleft(rid)
         self.n_running = i
 
@@ -1207,7 +1209,7 @@ class Replica:
                 # when (base_e + S + r) % B == 0)
                 s0 = (-S) % B
                 cnt = hist[s0::-1] + hist[:s0:-1]  # cnt[r] = hist[(-S - r) % B]
-                first = [0, *itertools.accumulate(cnt)]
+                first = list(itertools.accumulate(cnt, initial=0))
                 if n * (mm // B + 1) > free and (mm // B) * n + first[mm % B] > free:
                     s_ = (free // n) * B
                     while s_ < mm and ((s_ + 1) // B) * n + first[(s_ + 1) % B] <= free:
@@ -1233,7 +1235,9 @@ class Replica:
                 steps += k
                 t_prev, t = t, end
                 n_seg = n
-                n, free, sum_base = self._leave_planned(heap, S, t, base, hist, alive, done, gone, n, free, sum_base)
+                if heap[0][0] == S:
+                    n, free, sum_base = self._leave_planned(heap, S, t, base, hist, alive, done, gone, n, free,
+                                                            sum_base)
                 used = num_blocks - free
                 stop = False
                 waits = 0
@@ -1325,7 +1329,8 @@ class Replica:
             S += 1
             steps += 1
             t_start, t = t, end
-            n, free, sum_base = self._leave_planned(heap, S, t, base, hist, alive, done, gone, n, free, sum_base)
+            if heap[0][0] == S:
+                n, free, sum_base = self._leave_planned(heap, S, t, base, hist, alive, done, gone, n, free, sum_base)
             rows.append((self.idx, t_start, total_s, n_dec + n_pre, n_dec, pre_tokens, n_dec, n_dec + n_pre, 0,
                          num_blocks - free, -1 if stop else waits, flops, nbytes, target_s, 0.0, over_s,
                          total_s if n_dec else 0.0, 1, 0.0))

@@ -29,12 +29,20 @@ from sim.workload import streams
 
 
 def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica], router: str,
-              stop: simpy.Event, backlog_limit: int, fuse: FuseBound | None = None) -> Generator[simpy.Event, Any, None]:
+              stop: simpy.Event, backlog_limit: int, fuse: FuseBound | None = None,
+              static: bool = True) -> Generator[simpy.Event, Any, None]:
     """Replay the request table: one URGENT event per distinct arrival time (published to
-    `fuse`, when given, as the time before which fused steps must end)."""
+    `fuse`, when given, as the time before which fused steps must end). The run stops once more
+    than `backlog_limit` requests wait, checked after each arrival (the sum over the replicas is
+    taken only when an upper bound on it, the last sum plus the requests queued since, arrivals
+    and preemptions, exceeds the limit; `static`: the replicas never change, else every time: a
+    draining replica brought back rejoins the sum with its queue)."""
     n = times.size
     i = 0
     rr = 0
+    reqs = replicas[0].reqs if static and replicas else None
+    bound = 0  # at least the requests waiting now
+    requeued = 0
     while i < n:
         t = times[i]
         if t > env.now:
@@ -50,9 +58,15 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
             _route(replicas, router, rr, i).submit(i)
             rr += 1
             i += 1
-        if sum(len(r.waiting) for r in replicas) > backlog_limit and not stop.triggered:
-            stop.succeed("backlog")
-            return
+            bound += 1
+        if reqs is not None:
+            bound += reqs.requeued - requeued
+            requeued = reqs.requeued
+        if bound > backlog_limit or reqs is None:
+            bound = sum(len(r.waiting) for r in replicas)
+            if bound > backlog_limit and not stop.triggered:
+                stop.succeed("backlog")
+                return
     if fuse is not None:
         fuse.next_arrival_s = float("inf")
         fuse.next_index = n  # every request delivered
@@ -224,7 +238,7 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
             fuse = FleetBound(env, horizon, cuts, routing=routing, period_s=sc.sim.interval_s) if auto is not None \
                 else FuseBound(env, horizon, cuts, routing=routing, period_s=sc.sim.interval_s)
         routable: list[Replica] = [] if dynamic else replicas  # the replicas the router may send to
-        env.process(_arrivals(env, queued, routable, sc.deployment.router, stop, limit, fuse))
+        env.process(_arrivals(env, queued, routable, sc.deployment.router, stop, limit, fuse, static=not dynamic))
         replicas.extend(Replica(env, i, rt, reqs, rngs[i], log, fuse) for i in range(rt.num_replicas))
         if dynamic:
             start = rt.num_replicas
