@@ -275,3 +275,28 @@ def test_overload_is_flagged_unstable(example_path, time_limit):
     assert short["stable"] is False and short["backlog"] > 0
     assert short["horizon_s"] <= 60 + 5 + 1e-9
     assert cut["stable"] is False and cut["truncated"] is True and cut["backlog"] > 0
+
+
+def test_backlog_stop_from_the_bound_is_the_exact_sums_stop(make_scenario, monkeypatch) -> None:
+    """The arrival process sums the replicas' queues only when an upper bound on the sum (the
+    last sum plus the requests queued since: arrivals and preemptions) passes the backlog limit:
+    the run stops at the same arrival as summing after every arrival, also with preemptions
+    putting requests back (a ~2k-token KV cache: without counting them the bound stops this run
+    later) and with several replicas."""
+    from models.catalog import get_gpu
+    from sim import run as run_mod
+    from sim.deployment import build_runtime
+
+    plan = build_runtime(make_scenario()).plan
+    need = plan.weight_bytes + plan.activation_bytes + plan.runtime_bytes + plan.extra_bytes
+    util = (need + 2048 * plan.kv_bytes_per_token) / get_gpu("h100-sxm").hbm_bytes
+    sc = make_scenario(rack={"gpu": "h100-sxm", "num_gpus": 8},
+                       deployment={"gpu_memory_utilization": round(util, 6), "router": "round_robin"},
+                       workload={"rate_rps": 4.0, "duration_s": 30.0}, sim={"backlog_limit": 5})
+    fast = simulate(sc, 1)
+    inner = run_mod._arrivals
+    monkeypatch.setattr(run_mod, "_arrivals", lambda *a, **k: inner(*a, **{**k, "static": False}))
+    every = simulate(sc, 1)
+    assert fast.summary["truncated"] is True and fast.summary["preemptions"] > 0
+    assert fast.summary["horizon_s"] == every.summary["horizon_s"]
+    pd.testing.assert_frame_equal(fast.requests, every.requests)
