@@ -1042,11 +1042,17 @@ class Replica:
     def _absorbs(self) -> bool:
         """Whether a fused run may also admit requests (`_absorbing_run`): a run through
         completions (`_chains`: an open loop, nothing reacting to a completion, no prefix cache)
-        with mixed prefill. It admits those waiting when it starts and, where the router sends a
-        request regardless of the replicas' state (one replica, or round robin: the arrivals that
-        reach this replica, and when, are known from the request table), those arriving during it."""
+        with mixed prefill, where the router sends a request regardless of the replicas' state
+        (one replica, or round robin), so the arrivals that reach this replica, and when, are known
+        from the request table. Under least outstanding a run could only admit the requests waiting
+        when it starts and stop where a request could next be sent to it (often the next arrival):
+        planning that costs as much as the ordinary step it replaces (measured: the default mix on
+        two replicas 25% slower), so least outstanding keeps `_plan_run`."""
         fb = self.fuse
-        return fb is not None and fb.routing is not None and self.rt.prefill != "separate" and self._chains()
+        if fb is None or fb.routing is None or self.rt.prefill == "separate" or not self._chains():
+            return False
+        _, reps, _, router = fb.routing
+        return len(reps) == 1 or router == "round_robin"
 
     def _absorbing_run(self) -> Generator[simpy.Event, Any, int]:
         """A fused run that goes on through completions and through the arrivals that reach this
@@ -1065,12 +1071,10 @@ class Replica:
         plan = self._plan_absorbing()
         if plan is None:
             return 0
-        end_s, steps, rows, (done, gone), admitted, entries, s_end, free, known = plan
-        # the completions inside the run, shown to `outstanding` while it is in flight (as
-        # `_fused_run` does) where a router reads it (not with one replica or round robin)
-        self._gone = [] if known else [(t, 1) for t in done]
+        end_s, steps, rows, (done, gone), admitted, entries, s_end, free = plan
+        # (the completions inside the run are not shown to `outstanding` while it is in flight, as
+        # `_fused_run` shows them: with one replica or round robin no router reads it)
         yield self.env.timeout(end_s - self.env.now)
-        self._gone = []
         reqs = self.reqs
         for rid, start, _ in admitted:
             got = self.waiting.popleft()
@@ -1140,10 +1144,7 @@ class Replica:
         slot, no block, a prompt longer than the token budget left), a decode step that would have
         to preempt, a metric window boundary (cut) with nothing arrived, an arrival within NEAR of
         a step boundary (the order of the two events is left to SimPy), an idle replica, the end
-        bound (horizon, backlog limit) or FUSE_MAX_PIECES pieces. Where the router's choice
-        depends on the replicas' counts (least outstanding), nothing that arrives during the run is
-        admitted in it: the run stops after the step during which a request could first have been
-        sent here (`FuseBound.next_s`, recomputed after each completion here)."""
+        bound (horizon, backlog limit) or FUSE_MAX_PIECES pieces."""
         n = self.n_running
         waiting = self.waiting
         if n == 0 and not waiting:
@@ -1160,15 +1161,14 @@ class Replica:
             return None  # more than the slots, or a preempted request (recompute): the ordinary loop
         rem0 = self.out[:n] - self.gen[:n]
         cost = rt.cost
-        _, reps, _, router = fb.routing
-        known = len(reps) == 1 or router == "round_robin"  # the arrivals that reach it are known
+        reps = fb.routing[1]
         queued = fb.times()
         nq = len(queued)
         stride = len(reps)
         g = fb.next_index
-        j = g + (self.idx - g) % stride  # the next arrival that reaches this replica (when known)
+        j = g + (self.idx - g) % stride  # the next arrival that reaches this replica
         t = self.env.now
-        bound, end_bound = fb.next_s(t, self.idx)
+        _, end_bound = fb.next_s(t, self.idx)
         num_blocks = rt.plan.num_blocks
         budget_max, max_seqs, chunked = rt.max_num_batched_tokens, rt.max_num_seqs, rt.chunked_prefill
         base: list[int] = c0.tolist()
@@ -1198,9 +1198,8 @@ class Replica:
                 d0 = cost.decode_s(n, ctx0)
                 if t >= cut:
                     cut = fb.next_cut_s(t)
-                if known:
-                    arr_s = queued[j] * (1.0 - 1e-15) if j < nq else math.inf
-                    bound = arr_s if arr_s < cut else cut
+                arr_s = queued[j] * (1.0 - 1e-15) if j < nq else math.inf
+                bound = arr_s if arr_s < cut else cut
                 limit = bound if bound < end_bound else end_bound
                 mm = min(m_fin, FUSE_MAX_STEPS, int((limit - t) / d0) + 2)
                 if mm < min_steps:
@@ -1242,10 +1241,7 @@ class Replica:
                 stop = False
                 waits = 0
                 if split:
-                    if known:
-                        j, waits, stop = self._arrived(queued, j, stride, t, pending)
-                    else:
-                        stop = True  # something may have been sent here during its last step
+                    j, waits, stop = self._arrived(queued, j, stride, t, pending)
                     if k > 1:
                         rows.append(self._run_row(t_prev, k - 1, d0, slope, n_seg, ctx0, used0 + but_last, 0))
                     off = (k - 1) * d0 + slope * ((k - 1) * (k - 2) / 2.0)
@@ -1259,8 +1255,6 @@ class Replica:
                     break
                 if not pending and (split or k != m_fin):
                     break  # a cut, the KV blocks or the longest segment planned at once ended it
-                if not known and n_seg != n:  # fewer outstanding here: more may be sent here
-                    bound = min(fb.next_s(t, self.idx, outstanding=n)[0], bound)
                 continue
             # ---- the mixed step from step S, time t, admitting the `pending` requests
             need = hist[(-S) % B]  # decoding sequences taking a block this step
@@ -1300,14 +1294,9 @@ class Replica:
             if end >= end_bound:
                 break
             step_rids, pending = pending, []
-            stop = False
-            waits = 0
-            if known:
-                j, waits, stop = self._arrived(queued, j, stride, end, pending)
-                if stop:  # an arrival at its end: which comes first is SimPy's
-                    break
-            elif end >= bound:
-                stop = True  # something may have been sent here while it ran
+            j, waits, near = self._arrived(queued, j, stride, end, pending)
+            if near:  # an arrival at its end: which comes first is SimPy's
+                break
             # the step is taken: admissions, one token each, completions
             free = free2
             n_dec = n
@@ -1332,17 +1321,15 @@ class Replica:
             if heap[0][0] == S:
                 n, free, sum_base = self._leave_planned(heap, S, t, base, hist, alive, done, gone, n, free, sum_base)
             rows.append((self.idx, t_start, total_s, n_dec + n_pre, n_dec, pre_tokens, n_dec, n_dec + n_pre, 0,
-                         num_blocks - free, -1 if stop else waits, flops, nbytes, target_s, 0.0, over_s,
+                         num_blocks - free, waits, flops, nbytes, target_s, 0.0, over_s,
                          total_s if n_dec else 0.0, 1, 0.0))
             pieces += 1
             min_steps = 1
-            if stop or n == 0 or t >= end_bound:
+            if n == 0 or t >= end_bound:
                 break
-            if not known:
-                bound = min(fb.next_s(t, self.idx, outstanding=n)[0], bound)
         if not rows:
             return None
-        return t, steps, rows, (done, gone), admitted, (base, fin, rids, outs, alive), S, free, known
+        return t, steps, rows, (done, gone), admitted, (base, fin, rids, outs, alive), S, free
 
     @staticmethod
     def _arrived(queued: list[float], j: int, stride: int, t: float, pending: list[int]) -> tuple[int, int, bool]:
