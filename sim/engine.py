@@ -1218,14 +1218,20 @@ class Replica:
                         break
                 last = mm - 1
                 slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
+                # the last step starts before the bound, the segment ends before the end bound (the
+                # expressions and float order of `_plan_segment`'s start(j) and end_s)
                 k = mm
-                while k >= min_steps and (t + (k - 1) * d0 + slope * ((k - 1) * (k - 2) / 2.0) >= bound
-                                          or t + k * d0 + slope * (k * (k - 1) / 2.0) >= end_bound):
+                while k >= min_steps:
+                    a1, b1 = (k - 1) * d0, slope * ((k - 1) * (k - 2) / 2.0)
+                    if t + a1 + b1 < bound:
+                        a, b = k * d0, slope * (k * (k - 1) / 2.0)
+                        if t + a + b < end_bound:
+                            break
                     k -= 1
                 if k < min_steps:
                     break
-                split = t + k * d0 + slope * (k * (k - 1) / 2.0) >= bound
-                end = t + (k * d0 + slope * (k * (k - 1) / 2.0))
+                split = t + a + b >= bound
+                end = t + (a + b)
                 new_blocks = (k // B) * n + first[k % B]
                 used0 = num_blocks - free
                 but_last = ((k - 1) // B) * n + first[(k - 1) % B]
@@ -1244,8 +1250,7 @@ class Replica:
                     j, waits, stop = self._arrived(queued, j, stride, t, pending)
                     if k > 1:
                         rows.append(self._run_row(t_prev, k - 1, d0, slope, n_seg, ctx0, used0 + but_last, 0))
-                    off = (k - 1) * d0 + slope * ((k - 1) * (k - 2) / 2.0)
-                    rows.append(self._run_row(t_prev + off, 1, d0 + (k - 1) * slope, 0.0, n_seg,
+                    rows.append(self._run_row(t_prev + (a1 + b1), 1, d0 + (k - 1) * slope, 0.0, n_seg,
                                               ctx0 + (k - 1) * n_seg, used, -1 if stop else waits))
                 else:
                     rows.append(self._run_row(t_prev, k, d0, slope, n_seg, ctx0, used, 0))
