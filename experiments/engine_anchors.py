@@ -174,7 +174,7 @@ def evaluate(profile: str, factors: dict[str, float], *, leave_out: str | None =
     for sc, pts in _groups(anchors if anchors is not None else anchors_of(profile)):
         keep = [p for p in pts if p.name != leave_out]
         rows += compare(with_factors(sc, factors), keep, metrics=FIT_FIGURES)
-    eff = dataclasses.replace(efficiency_for("hopper", profile), **factors)
+    eff = dataclasses.replace(efficiency_for("hopper", profile), **factors)  # type: ignore[arg-type]
     for a in step_anchors_of(profile):
         if a.name != leave_out:
             p = predict(a, eff)
@@ -227,7 +227,7 @@ def loo_rows(profile: str, factors: dict[str, float]) -> list[dict[str, Any]]:
     """Leave-one-out: each load point (and step anchor) of the profile predicted by a fit to the
     others (warm-started from `factors`)."""
     names = [p.name for a in anchors_of(profile) for p in a.load_points()] + [a.name for a in step_anchors_of(profile)]
-    out = []
+    out: list[dict[str, Any]] = []
     if len(names) < 2:
         return out
     for name in names:
