@@ -235,7 +235,7 @@ class FuseBound:
         else:
             o = reps[replica].outstanding() if outstanding is None else outstanding
             j = g + sum(max(0, o + (s.idx < replica) - s.outstanding()) for s in reps if s.idx != replica)
-        stop = g + max(0, limit - sum(len(s.waiting) for s in reps))
+        stop = backlog_stop(g, reps, limit, replica)
         return self._arrival_s(min(j, stop)), self._arrival_s(stop)
 
     def _arrival_s(self, j: int) -> float:
@@ -276,6 +276,17 @@ class FuseBound:
             t, stop = self._routed_s(replica, outstanding)
             end = min(end, stop)
         return min(t, self.next_cut_s(now)), end
+
+
+def backlog_stop(g: int, reps: list[Replica], limit: int, replica: int) -> int:
+    """The first arrival (its index; g is the next one) at which the backlog limit could stop the
+    run, while a fused run of `replica` is in flight. The requests waiting anywhere grow only by
+    arrivals (one each) and by preemptions, which put a running sequence back in its queue: this
+    replica preempts nothing during a fused run (its queue grows by its arrivals only), and
+    another's queue can hold at most what it has outstanding now (waiting and running) plus what
+    it is sent. So nothing can stop the run before arrival g + limit - that sum."""
+    held = sum(s.queued() if s.idx == replica else s.outstanding() for s in reps)
+    return g + max(0, limit - held)
 
 
 class Requests:
@@ -376,6 +387,7 @@ class Replica:
         self.idle = True
         self.speculating = True  # speculative.policy "follow_load": switched by sim.fleet.FollowLoad
         self._gone: list[tuple[float, int]] = []  # a fused run in flight: (time, sequences) completing inside it
+        self._taken: list[float] = []  # a fused run in flight: the start of each admission inside it
         self.proc = env.process(self.run())
 
     # ------------------------------------------------------------- routing
@@ -390,6 +402,15 @@ class Replica:
                 if t < now:  # an arrival at the same instant comes first (URGENT), as unfused
                     o -= count
         return o
+
+    def queued(self) -> int:
+        """Requests waiting here now, as the unfused engine would show them: during a fused run
+        that admits requests, less those whose admitting step has already started (they leave
+        the queue only when the run ends; an arrival at the same instant as a step start comes
+        first, URGENT, and still sees them waiting)."""
+        if self._taken:
+            return len(self.waiting) - bisect.bisect_left(self._taken, self.env.now)
+        return len(self.waiting)
 
     def submit(self, rid: int) -> None:
         self.waiting.append(rid)
@@ -1073,8 +1094,11 @@ class Replica:
             return 0
         end_s, steps, rows, (done, gone), admitted, entries, s_end, free = plan
         # (the completions inside the run are not shown to `outstanding` while it is in flight, as
-        # `_fused_run` shows them: with one replica or round robin no router reads it)
+        # `_fused_run` shows them: with one replica or round robin no router reads it); the
+        # admissions are, to `queued` (the backlog limit counts the requests waiting)
+        self._taken = [start for _, start, _ in admitted]
         yield self.env.timeout(end_s - self.env.now)
+        self._taken = []
         reqs = self.reqs
         for rid, start, _ in admitted:
             got = self.waiting.popleft()

@@ -24,7 +24,7 @@ import numpy as np
 import simpy
 from simpy.events import URGENT
 
-from sim.engine import FuseBound, Replica
+from sim.engine import FuseBound, Replica, backlog_stop
 from sim.scenario import Autoscale, Scenario
 
 OFF, WARMING, LIVE, DRAINING = "off", "warming", "live", "draining"
@@ -222,7 +222,7 @@ class FleetBound(FuseBound):
         _, _, limit, router = self.routing
         fleet = self.fleet
         g = self.next_index
-        stop = g + max(0, limit - sum(len(s.waiting) for s in fleet.replicas))
+        stop = backlog_stop(g, fleet.replicas, limit, replica)
         if fleet.state[replica] != LIVE:
             j = stop
         elif router == "round_robin":

@@ -63,7 +63,7 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
             bound += reqs.requeued - requeued
             requeued = reqs.requeued
         if bound > backlog_limit or reqs is None:
-            bound = sum(len(r.waiting) for r in replicas)
+            bound = sum(r.queued() for r in replicas)
             if bound > backlog_limit and not stop.triggered:
                 stop.succeed("backlog")
                 return

@@ -145,8 +145,11 @@ _MATRIX = {
 @pytest.mark.parametrize("name", list(_MATRIX))
 def test_fused_equals_unfused(make_scenario, name: str) -> None:
     sc = make_scenario(**_MATRIX[name])
-    # a closed loop over several replicas fuses little (a run ends at the next event anywhere)
-    _check(sc, min_fused={"heavy": 1.5, "separate": 1.5, "closed-think-2-replicas": 1.0}.get(name, 2.0))
+    # a closed loop over several replicas fuses little (a run ends at the next event anywhere); near
+    # a backlog stop with a limit (40) under what the replicas hold (4 x 16 slots) every run ends
+    # before the next arrival (`engine.backlog_stop`: preemptions elsewhere could fill the queues)
+    _check(sc, min_fused={"heavy": 1.5, "separate": 1.5, "closed-think-2-replicas": 1.0, "4-replicas-rr-backlog": 1.5,
+                          "4-replicas-least-backlog": 1.5}.get(name, 2.0))
 
 
 def test_fused_equals_unfused_under_kv_pressure(make_scenario) -> None:
@@ -621,3 +624,35 @@ def test_general_speculation_methods_are_not_fused(make_scenario, spec_run_count
     sc = make_scenario(speculative=spec, workload={"rate_rps": 1.0, "duration_s": 15.0})
     res = simulate(sc, 1)
     assert spec_run_counter["runs"] == 0 and (res.steps["count"] == 1).all()
+
+
+def test_fused_equals_unfused_at_a_backlog_stop_while_another_replica_preempts(make_scenario) -> None:
+    """Round robin over two replicas, one with short requests (its runs admit them), the other
+    with long ones under a ~4k-token KV cache (it preempts, putting requests back in its queue),
+    stopped by the backlog limit: the stop comes at the same arrival as unfused. Found by review:
+    the requests a run had admitted were still counted as waiting until the run ended, and the
+    end bound left out the queue growth that preemptions elsewhere cause (now bounded by what the
+    other replicas have outstanding)."""
+    from models.catalog import get_gpu
+
+    plan = build_runtime(make_scenario()).plan
+    need = plan.weight_bytes + plan.activation_bytes + plan.runtime_bytes + plan.extra_bytes
+    util = (need + 4096 * plan.kv_bytes_per_token) / get_gpu("h100-sxm").hbm_bytes
+    sc = make_scenario(rack={"gpu": "h100-sxm", "num_gpus": 8},
+                       deployment={"router": "round_robin", "gpu_memory_utilization": round(util, 6)},
+                       sim={"drain_s": 300.0})
+    rng = np.random.default_rng(0)
+    n = 200
+    idx = np.arange(n)
+    table = pd.DataFrame({"id": idx, "arrival_s": np.sort(rng.uniform(0, 40, n)),
+                          "prompt_tokens": np.where(idx % 2 == 0, rng.integers(20, 200, n), rng.integers(1200, 2000, n)),
+                          "output_tokens": np.where(idx % 2 == 0, rng.integers(1, 300, n), rng.integers(300, 800, n)),
+                          "cls": np.zeros(n, dtype=np.int64), "accept_q": np.full(n, 0.5)})
+    res = {}
+    for fuse in (True, False):
+        s = sc.with_overrides({"sim.fuse_steps": fuse})
+        res[fuse] = run_table(s, build_runtime(s), table, 1, backlog_limit=8)
+    assert res[False][2] and res[True][2]  # both stopped by the backlog
+    assert int(res[False][0].preemptions.sum()) > 0
+    _same_requests(res[False][0], res[True][0])
+    _same_steps(res[False][1], res[True][1])
