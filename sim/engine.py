@@ -1173,6 +1173,8 @@ class Replica:
         waiting = self.waiting
         if n == 0 and not waiting:
             return None
+        if waiting and (n >= self.rt.max_num_seqs or self.free_blocks <= 0):
+            return None  # nothing can be admitted: `_plan_run`'s runs with requests waiting
         c0 = self.computed[:n]
         B = BLOCK_SIZE
         if n and ((c0 < self.target[:n]).any()
