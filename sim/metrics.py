@@ -663,29 +663,32 @@ def intervals(req: pd.DataFrame, steps: pd.DataFrame, *, interval_s: float, end_
     s_bounds = np.searchsorted(s_which[s_order], np.arange(n + 1), "left")
     cols = [c for c in steps.columns if c in ("duration_s", "emitted_tokens", "decode_tokens", "k", "count",
                                                  "chunk_gap_s", "gap_step_s", "decode_seqs")]
-    sub = steps[cols]
+    sub = steps[cols].iloc[s_order]  # sorted by interval once: an interval's rows are a slice
     billed = replica_counts(timeline, replicas)
     live = replica_counts(timeline, replicas, billed=(2,))
     run_s = replica_seconds(billed, a, b)
     live_s = replica_seconds(live, a, b)
+    lat_np = {name: lat[name].to_numpy() for name in lat.columns}
+    completion = req.completion_s.to_numpy(np.float64)
     rows = []
     for i in range(n):
-        m = (which == i) & done
-        st = sub.iloc[s_order[s_bounds[i]: s_bounds[i + 1]]]
+        here = which == i
+        m = here & done
+        st = sub.iloc[s_bounds[i]: s_bounds[i + 1]]
         itl = gap_dist(st) if len(st) else None
         row: dict[str, Any] = {"start_s": float(a[i]), "end_s": float(b[i])}
-        row["offered_requests"] = int((which == i).sum())
+        row["offered_requests"] = int(here.sum())
         row["offered_rps"] = row["offered_requests"] / width[i]
         row["completed_requests"] = int(m.sum())
         for name in ("ttft_s", "tpot_s", "e2e_s"):
-            d = dist(lat[name].to_numpy()[m])
+            d = dist(lat_np[name][m])
             for p in INTERVAL_PERCENTILES:
                 row[f"{name}_{p}"] = d[p]
         for p in INTERVAL_PERCENTILES:
             row[f"itl_s_{p}"] = itl[p] if itl is not None else float("nan")
         busy = float(st.duration_s.sum())
         row["throughput_tok_s"] = float(st.emitted_tokens.sum()) / width[i]
-        row["throughput_rps"] = float(((req.completion_s >= a[i]) & (req.completion_s < b[i])).sum()) / width[i]
+        row["throughput_rps"] = float(((completion >= a[i]) & (completion < b[i])).sum()) / width[i]
         row["replicas_running"] = float(run_s[i]) / width[i]
         row["replicas_live"] = float(live_s[i]) / width[i]
         row["gpu_hours"] = float(run_s[i]) * gpus_per_replica / 3600.0
@@ -702,7 +705,7 @@ def intervals(req: pd.DataFrame, steps: pd.DataFrame, *, interval_s: float, end_
             elif metric == "itl":
                 value = itl[pct] if itl is not None else float("nan")
             else:
-                value = float(dist(lat[f"{metric}_s"].to_numpy()[m])[pct])
+                value = float(dist(lat_np[f"{metric}_s"][m])[pct])
             ok = bool(value <= target) or row["completed_requests"] == 0
             row[f"slo_{key}_met"] = ok
             met &= ok
