@@ -795,6 +795,7 @@ class Replica:
         separate = rt.prefill == "separate"
         stalled_s = 0.0  # prefill-only steps run since the last decode while sequences were ready to decode
         decode_left = 0  # multi-step scheduling: decode steps still due before prefills are considered again
+        absorbs = self._absorbs()  # fixed for the run (router, replicas, prefill mode, hooks, cache)
         while True:
             if self.n_running == 0 and not self.waiting:
                 self.idle = True
@@ -803,7 +804,7 @@ class Replica:
                 self.idle = False
             if self.fuse is not None and stalled_s == 0.0:
                 if spec is None:
-                    if self._absorbs():
+                    if absorbs:
                         done_steps = yield from self._absorbing_run()
                         if done_steps:
                             decode_left = (decode_left - done_steps) % rt.scheduler_steps
@@ -1108,12 +1109,12 @@ class Replica:
         if admitted:
             a = np.array([r for r, _, _ in admitted], dtype=np.int64)
             reqs.first_token[a] = np.array([f for _, _, f in admitted])
-        base, fin, rids, outs, alive = entries
+        base, fin, rids, alive = entries
         n0 = self.n_running
         if done:
             g = np.array([rids[e] for e in gone], dtype=np.int64)
             reqs.completion[g] = np.array(done)
-            reqs.generated[g] = np.array([outs[e] for e in gone], dtype=np.int64)
+            reqs.generated[g] = reqs.output[g]  # a finished request has generated its whole output
             reqs.n_done += len(gone)
         # the survivors, in slot order: the run's first sequences, then the admitted ones
         live = np.array(alive, dtype=bool)
@@ -1200,7 +1201,6 @@ class Replica:
         base: list[int] = c0.tolist()
         fin: list[int] = rem0.tolist()  # the run step after which each finishes
         rids: list[int] = self.rid[:n].tolist()
-        outs: list[int] = self.out[:n].tolist()
         alive = [True] * n
         hist = np.bincount(c0 % B, minlength=B).tolist()
         sum_base = int(c0.sum())
@@ -1339,7 +1339,6 @@ class Replica:
                 assert out >= 1
                 fin.append(S + out)
                 rids.append(rid)
-                outs.append(out)
                 alive.append(True)
                 heapq.heappush(heap, (S + out, e))
                 hist[be % B] += 1
@@ -1360,7 +1359,7 @@ class Replica:
                 break
         if not rows:
             return None
-        return t, steps, rows, (done, gone), admitted, (base, fin, rids, outs, alive), S, free
+        return t, steps, rows, (done, gone), admitted, (base, fin, rids, alive), S, free
 
     @staticmethod
     def _arrived(queued: list[float], j: int, stride: int, t: float, pending: list[int]) -> tuple[int, int, bool]:
