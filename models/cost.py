@@ -231,6 +231,8 @@ class CostModel:
         self.pass_overhead_s = m.num_layers * e.layer_overhead_s
         self._peak_attn = self.peak * self.mfu_max  # the attention kernels' compute roofline (step_sums)
         self._decode_parts: dict[int, tuple[float, float, float, float]] = {}  # decode_s's per-batch-size terms
+        self._pass_parts: dict[tuple[int, float], tuple[float, ...]] = {}  # pass_sums's per-(batch, tokens) terms
+        self._run_bytes: dict[float, float] = {}  # run_sums's per-step bytes but the KV read, per tokens
 
     # ------------------------------------------------------------------ MoE, windows
     @property
@@ -418,6 +420,39 @@ class CostModel:
         attn_m = (self.kv_bytes_per_token_gpu * context_tokens + kv_w) / self.bw
         return lin + (attn_c if attn_c > attn_m else attn_m) + comm_s + overhead_s
 
+    def pass_sums(self, num_seqs: int, tokens: float, context_tokens: float, attn_pairs: float) -> tuple[float, float, float]:
+        """(total_s, flops, bytes) of `step_sums` (a target step, with its step overhead), with its
+        operations in its order (bit-identical; tests/test_cost.py), for a cost model without a
+        sliding window: the terms that depend on the batch's sequences and new tokens only are
+        cached per (sequences, tokens) (a fused run prices its mixed steps with it: the step of
+        one admission recurs with the same prompt and batch, and building a StepCost costs more
+        than the arithmetic)."""
+        if tokens <= 0 or self.window:
+            tc = self.step_sums(num_seqs, tokens, context_tokens, attn_pairs)
+            return tc.total_s, tc.flops, tc.bytes
+        key = (num_seqs, tokens)
+        parts = self._pass_parts.get(key)
+        if parts is None:
+            if len(self._pass_parts) >= 4096:
+                self._pass_parts.clear()
+            tc = self.step_sums(num_seqs, tokens, 0.0, 0.0)
+            # step_sums's own terms: max(linear compute, linear memory) as it takes it, KV written,
+            # weights, activations, communication, overhead, linear FLOPs
+            e = self.eff
+            mfu = self.mfu_max * tokens / (tokens + e.mfu_half_tokens)
+            lin_c = self.flops_per_token * tokens / (self.peak * mfu)
+            lin_m = (tc.weight_bytes + tc.act_bytes) / self.bw
+            lin = lin_c if lin_c > lin_m else lin_m
+            parts = self._pass_parts[key] = (lin, tc.kv_write_bytes, tc.weight_bytes, tc.act_bytes, tc.comm_s,
+                                             tc.overhead_s, self.flops_per_token * tokens)
+        lin, kv_w, w, act, comm_s, overhead_s, lin_f = parts
+        attn_f = self.attn_flops_per_pair * attn_pairs
+        attn_c = attn_f / self._peak_attn
+        kv_r = self.kv_bytes_per_token_gpu * context_tokens
+        attn_m = (kv_r + kv_w) / self.bw
+        total = lin + (attn_c if attn_c > attn_m else attn_m) + comm_s + overhead_s
+        return total, lin_f + attn_f, w + kv_r + kv_w + act
+
     def _decode_parts_of(self, num_seqs: int) -> tuple[float, float, float, float]:
         """`step_sums`'s batch-size-only terms of a plain decode step of `num_seqs` sequences:
         max(linear compute, linear memory), KV bytes written, communication, overhead."""
@@ -438,10 +473,14 @@ class CostModel:
         """(FLOPs, bytes) summed over `steps` engine steps of `tokens` new tokens each, whose
         contexts and attention pairs sum to `context_sum` and `pairs_sum` (per GPU; the step
         formulas are linear in both, without a sliding window: `affine_in_context`)."""
-        w = self._weights_read(tokens)  # the experts a step touches depend on its tokens, not the context
+        per_step = self._run_bytes.get(tokens)  # a step's bytes but the KV read: its tokens only
+        if per_step is None:
+            if len(self._run_bytes) >= 4096:
+                self._run_bytes.clear()
+            w = self._weights_read(tokens)  # the experts a step touches depend on its tokens, not the context
+            per_step = self._run_bytes[tokens] = w + (self.kv_bytes_per_token_gpu + self.act_bytes_per_token) * tokens
         flops = steps * self.flops_per_token * tokens + self.attn_flops_per_pair * pairs_sum
-        nbytes = steps * (w + (self.kv_bytes_per_token_gpu + self.act_bytes_per_token) * tokens) \
-            + self.kv_bytes_per_token_gpu * context_sum
+        nbytes = steps * per_step + self.kv_bytes_per_token_gpu * context_sum
         return flops, nbytes
 
     def step(self, new_tokens: np.ndarray | list[int], context: np.ndarray | list[int], *, step_overhead: bool = True) -> StepCost:

@@ -144,7 +144,10 @@ class StepLog:
         self._pending = []
         if self._i + len(rows) > self._cur.shape[0]:
             self._next_block(len(rows))
-        self._cur[self._i: self._i + len(rows)] = rows
+        # (one float iterator over the row tuples: about a third faster than converting the list)
+        self._cur[self._i: self._i + len(rows)] = np.fromiter(
+            itertools.chain.from_iterable(rows), dtype=np.float64, count=len(rows) * self._cur.shape[1]
+        ).reshape(len(rows), -1)
         self._i += len(rows)
 
     def block(self, rows: int) -> np.ndarray:
@@ -1188,6 +1191,7 @@ class Replica:
             return None  # more than the slots, or a preempted request (recompute): the ordinary loop
         rem0 = self.out[:n] - self.gen[:n]
         cost = rt.cost
+        plain, tp = rt.spec is None, cost.tp
         reps = fb.routing[1]
         queued = fb.times()
         nq = len(queued)
@@ -1319,8 +1323,16 @@ class Replica:
                 pre_tokens = float(ch.sum())
                 pre_ctx = float(pre_ctx_arr.sum())
                 pre_pairs = float((ch * pre_ctx_arr).sum() + 0.5 * (ch * (ch + 1.0)).sum())
-            total_s, target_s, _, over_s, flops, nbytes = self._spec_cost(
-                n, float(sum_base + n * S) if n else 0.0, 0, n_pre, pre_tokens, pre_ctx, pre_pairs, None)
+            ctx_dec = float(sum_base + n * S) if n else 0.0
+            if plain:  # `_spec_cost` without speculation, its arithmetic in its order (cached terms)
+                total_s, flops, nbytes = cost.pass_sums(n + n_pre, n + pre_tokens, ctx_dec + pre_ctx,
+                                                        ctx_dec + n * 2 / 2.0 + pre_pairs)
+                flops *= tp
+                nbytes *= tp
+                target_s, over_s = total_s, 0.0
+            else:
+                total_s, target_s, _, over_s, flops, nbytes = self._spec_cost(
+                    n, ctx_dec, 0, n_pre, pre_tokens, pre_ctx, pre_pairs, None)
             end = t + total_s
             if end >= end_bound:
                 break
@@ -1371,7 +1383,8 @@ class Replica:
             pending.append(j)
             j += stride
             a += 1
-        near = _near(queued, j, t) or (a > 0 and _near(queued, j - stride, t))
+        tol = NEAR * (t if t > 1.0 else 1.0)  # `_near`, inline
+        near = (j < nq and abs(queued[j] - t) <= tol) or (a > 0 and abs(queued[j - stride] - t) <= tol)
         return j, a, near
 
     def _plan_segment(self, t: float, n: int, c: np.ndarray, m: int, free: int, held: int, bound: float,

@@ -10,6 +10,7 @@ at the same instant go in index order (SimPy processes same-time events FIFO).
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Generator
@@ -38,13 +39,15 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
     and preemptions, exceeds the limit; `static`: the replicas never change, else every time: a
     draining replica brought back rejoins the sum with its queue)."""
     n = times.size
+    # Python floats (the same values): numpy scalars make every comparison and subtraction slow
+    at: list[float] = fuse.times() if fuse is not None and fuse.routing is not None else times.tolist()
     i = 0
     rr = 0
     reqs = replicas[0].reqs if static and replicas else None
     bound = 0  # at least the requests waiting now
     requeued = 0
     while i < n:
-        t = times[i]
+        t = at[i]
         if t > env.now:
             ev = env.event()
             ev._ok = True
@@ -54,7 +57,7 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
                 fuse.next_arrival_s = env.now + (t - env.now)  # the event's exact time
                 fuse.next_index = i
             yield ev
-        while i < n and times[i] <= env.now:
+        while i < n and at[i] <= env.now:
             _route(replicas, router, rr, i).submit(i)
             rr += 1
             i += 1
@@ -267,7 +270,9 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         loop = ClosedLoop(env, reqs, replicas, sc.deployment.router, concurrency, think_s, release,
                           np.inf if send_until_s is None else send_until_s, frontend)
     bar = Progress(arrival.size, sc.name) if progress else None
-    done_ev = env.process(_watch_done(env, reqs, bar, loop))
+    # open loop: no request can complete before the last one is queued (the check is skipped until then)
+    quiet_s = float(queued[-1]) if concurrency is None and queued.size else 0.0
+    done_ev = env.process(_watch_done(env, reqs, bar, loop, quiet_s))
     env.run(until=simpy.AnyOf(env, [stop, env.timeout(horizon), done_ev]))
     if bar is not None:
         bar.close()
@@ -303,11 +308,17 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
 
 
 def _watch_done(env: simpy.Environment, reqs: Requests, progress: Progress | None = None,
-                loop: ClosedLoop | None = None) -> Generator[simpy.Event, Any, None]:
+                loop: ClosedLoop | None = None, quiet_s: float = 0.0) -> Generator[simpy.Event, Any, None]:
     """Ends the run once every request has completed (checked once per simulated second), or
     for closed-loop clients that stopped sending (`send_until_s`), every request they sent; and
-    drives the progress bar (share of requests completed) when one is given."""
+    drives the progress bar (share of requests completed) when one is given. Without a bar, the
+    checks before `quiet_s` (when they cannot succeed) are one timeout to the last whole second
+    before it: the same check times (whole seconds, exact in floats), a third fewer events on a
+    long open-loop run."""
     total = reqs.completion.size
+    skip = math.floor(quiet_s) if progress is None and loop is None else 0
+    if skip >= 2:
+        yield env.timeout(float(skip - 1))
     while True:
         yield env.timeout(1.0)
         if progress is not None:

@@ -267,3 +267,18 @@ def test_vectorised_totals_equal_step_sums(name: str, tp: int, n: int, cands: li
     many = cost.total_s_many(n, tokens, ctx, pairs)
     one = [cost.step_sums(n, t, c, p).total_s for t, c, p in zip(tokens, ctx, pairs, strict=True)]
     np.testing.assert_allclose(many, one, rtol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["llama-3.1-70b", "mixtral-8x7b", "llama-3.2-1b", "gpt-oss-20b"]), st.sampled_from([1, 2, 4]),
+       st.integers(1, 300), st.lists(st.tuples(st.integers(1, 9000), st.integers(0, 400000)), min_size=1, max_size=6))
+def test_pass_sums_equal_step_sums_bit_for_bit(name: str, tp: int, n: int, cands: list[tuple[int, int]]) -> None:
+    """The cached scalar pass (a fused run's mixed steps) is step_sums itself, to the last bit,
+    also when its per-(batch, tokens) terms come from the cache (each case priced twice)."""
+    cost = CostModel(name, "h100-sxm", tp)
+    for _ in range(2):
+        for t, c in cands:
+            tokens, ctx = float(t), float(c)
+            pairs = ctx * 1.0 + tokens * (tokens + 1.0) / 2.0
+            tc = cost.step_sums(n, tokens, ctx, pairs)
+            assert cost.pass_sums(n, tokens, ctx, pairs) == (tc.total_s, tc.flops, tc.bytes)
