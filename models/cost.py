@@ -231,7 +231,7 @@ class CostModel:
         self.pass_overhead_s = m.num_layers * e.layer_overhead_s
         self._peak_attn = self.peak * self.mfu_max  # the attention kernels' compute roofline (step_sums)
         self._decode_parts: dict[int, tuple[float, float, float, float]] = {}  # decode_s's per-batch-size terms
-        self._pass_parts: dict[tuple[int, float], tuple[float, ...]] = {}  # pass_sums's per-(batch, tokens) terms
+        self._pass_parts: dict[tuple[int, float, bool], tuple[float, ...]] = {}  # pass_sums's per-(batch, tokens) terms
         self._run_bytes: dict[float, float] = {}  # run_sums's per-step bytes but the KV read, per tokens
 
     # ------------------------------------------------------------------ MoE, windows
@@ -420,22 +420,22 @@ class CostModel:
         attn_m = (self.kv_bytes_per_token_gpu * context_tokens + kv_w) / self.bw
         return lin + (attn_c if attn_c > attn_m else attn_m) + comm_s + overhead_s
 
-    def pass_sums(self, num_seqs: int, tokens: float, context_tokens: float, attn_pairs: float) -> tuple[float, float, float]:
-        """(total_s, flops, bytes) of `step_sums` (a target step, with its step overhead), with its
-        operations in its order (bit-identical; tests/test_cost.py), for a cost model without a
-        sliding window: the terms that depend on the batch's sequences and new tokens only are
-        cached per (sequences, tokens) (a fused run prices its mixed steps with it: the step of
-        one admission recurs with the same prompt and batch, and building a StepCost costs more
-        than the arithmetic)."""
+    def pass_sums(self, num_seqs: int, tokens: float, context_tokens: float, attn_pairs: float,
+                  step_overhead: bool = True) -> tuple[float, float, float]:
+        """(total_s, flops, bytes) of `step_sums`, with its operations in its order (bit-identical;
+        tests/test_cost.py), for a cost model without a sliding window: the terms that depend on
+        the batch's sequences and new tokens only are cached per (sequences, tokens, overhead)
+        (fused runs price their mixed steps and short speculative runs with it: the same batch
+        recurs, and building a StepCost, or numpy over a few steps, costs more than the arithmetic)."""
         if tokens <= 0 or self.window:
-            tc = self.step_sums(num_seqs, tokens, context_tokens, attn_pairs)
+            tc = self.step_sums(num_seqs, tokens, context_tokens, attn_pairs, step_overhead=step_overhead)
             return tc.total_s, tc.flops, tc.bytes
-        key = (num_seqs, tokens)
+        key = (num_seqs, tokens, step_overhead)
         parts = self._pass_parts.get(key)
         if parts is None:
             if len(self._pass_parts) >= 4096:
                 self._pass_parts.clear()
-            tc = self.step_sums(num_seqs, tokens, 0.0, 0.0)
+            tc = self.step_sums(num_seqs, tokens, 0.0, 0.0, step_overhead=step_overhead)
             # step_sums's own terms: max(linear compute, linear memory) as it takes it, KV written,
             # weights, activations, communication, overhead, linear FLOPs
             e = self.eff

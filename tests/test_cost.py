@@ -280,5 +280,6 @@ def test_pass_sums_equal_step_sums_bit_for_bit(name: str, tp: int, n: int, cands
         for t, c in cands:
             tokens, ctx = float(t), float(c)
             pairs = ctx * 1.0 + tokens * (tokens + 1.0) / 2.0
-            tc = cost.step_sums(n, tokens, ctx, pairs)
-            assert cost.pass_sums(n, tokens, ctx, pairs) == (tc.total_s, tc.flops, tc.bytes)
+            for over in (True, False):
+                tc = cost.step_sums(n, tokens, ctx, pairs, step_overhead=over)
+                assert cost.pass_sums(n, tokens, ctx, pairs, over) == (tc.total_s, tc.flops, tc.bytes)

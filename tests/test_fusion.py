@@ -403,6 +403,36 @@ def test_step_sums_many_is_bit_identical() -> None:
                 assert nbytes.tolist() == [o.bytes for o in ones]
 
 
+@pytest.mark.parametrize("spec", [_DRAFT, {"method": "eagle", "num_speculative_tokens": 5},
+                                  {**_DRAFT, "draft_model": "qwen2.5-0.5b"}])
+def test_speculative_step_costs_of_a_run_are_the_ordinary_steps_bit_for_bit(make_scenario, spec) -> None:
+    """A fused speculative run prices its steps with `_spec_cost_many` (numpy over many steps, scalars
+    over a few) and its first with `_spec_step`: each is the ordinary step's `_spec_cost`, to the last bit."""
+    import simpy
+
+    from sim.engine import SPEC_SCALAR_STEPS, Replica, Requests, StepLog
+
+    model = {"model": "qwen2.5-7b", "tensor_parallel": 1} if spec.get("draft_model") == "qwen2.5-0.5b" else {}
+    sc = make_scenario(speculative=spec, deployment=model, rack={"gpu": "h100-sxm", "num_gpus": 4 if not model else 1})
+    rt = build_runtime(sc)
+    one = np.zeros(1)
+    rep = Replica(simpy.Environment(), 0, rt, Requests(one, one.astype(np.int64) + 1, one.astype(np.int64) + 1, one),
+                  np.random.default_rng(0), StepLog())
+    rng = np.random.default_rng(3)
+    for speculating in (True, False):
+        rep.speculating = speculating
+        for n in (1, 2, 7, 64):
+            for k in (0, 1, 4):
+                for steps in (1, 5, SPEC_SCALAR_STEPS, SPEC_SCALAR_STEPS + 9):
+                    ctx = np.sort(rng.integers(n, 3000 * n, steps)).astype(np.float64)
+                    many = rep._spec_cost_many(n, ctx, k)
+                    ones = [rep._spec_cost(n, c, k, 0, 0.0, 0.0, 0.0) for c in ctx.tolist()]
+                    for col in range(6):
+                        got = np.broadcast_to(np.asarray(many[col], dtype=np.float64), ctx.shape).tolist()
+                        assert got == [o[col] for o in ones], (n, k, steps, col)
+                    assert [rep._spec_step(n, c, k) for c in ctx.tolist()] == ones
+
+
 def test_sample_accepted_steps_draws_the_unfused_stream() -> None:
     """m steps drawn at once are the m successive draws, and a generator rewound and advanced past
     the first s steps' uniforms continues as if those s steps alone had been drawn."""
