@@ -1497,17 +1497,22 @@ class Replica:
         The conditions at the run's first step are those of `_plan_run` (every running sequence
         decodes, no admission possible, steps start before `FuseBound.next_s` and the run ends
         before the end bound), plus KV blocks held = ceil(computed / B) for every sequence (what
-        every step leaves behind). The run draws the acceptance outcomes of its candidate steps
-        in one call (`sample_accepted(..., steps=m)`: the uniforms the unfused loop would draw,
-        in its order) and, vectorised over the steps, the tokens each step emits, the contexts,
-        every step's cost (`CostModel.step_sums_many`, bit-identical to the ordinary step's), the
-        KV reservation (k + 1 tokens, capped by what is left, then released to what was kept)
-        and, for the adaptive policy, each step's choice of k. It stops after the first step where
-        a sequence finishes, before the first step whose reservation would not fit (it would
+        every step leaves behind). Each segment of the run (`_plan_spec_segment`) draws the
+        acceptance outcomes of its candidate steps in one call (the uniforms the unfused loop
+        would draw, in its order) and, vectorised over the steps, the tokens each step emits, the
+        contexts, every step's cost (bit-identical to the ordinary step's), the KV reservation
+        (k + 1 tokens, capped by what is left, then released to what was kept) and, for the
+        adaptive policy, each step's choice of k. A segment stops after the first step where a
+        sequence finishes, before the first step whose reservation would not fit (it would
         preempt) or whose k differs, and at the time bounds; the uniforms drawn for steps beyond
-        it are given back (the generator is rewound to just after the run's draws). So a fused
-        run is the unfused loop's steps, to the last bit of every number but the clock (one
-        timeout of the steps' summed durations)."""
+        it are given back (the generator is rewound to just after its draws).
+
+        When a segment ends with sequences finishing, nothing waits, nothing outside reacts to a
+        completion (`_chains`) and k is not re-chosen from acceptance estimates (every policy but
+        adaptive), the run goes on with the smaller batch from the exact end of that step, as
+        `_plan_run` does (the bound recomputed under least outstanding): the finished sequences
+        leave at that end. So a fused run is the unfused loop's steps, to the last bit of every
+        number but the clock (one timeout of the steps' summed durations)."""
         rt, env = self.rt, self.env
         spec = rt.spec
         fb = self.fuse
@@ -1522,28 +1527,117 @@ class Replica:
         held = (c + (BLOCK_SIZE - 1)) // BLOCK_SIZE
         if int(rem.min()) < 2 or (self.blocks[:n] != held).any():
             return 0
-        dec = np.ones(n, dtype=bool)
-        k = self._choose_k(dec)
-        q = k + 1
+        k = self._choose_k(np.ones(n, dtype=bool))
         now = env.now
         bound, end_bound = fb.next_s(now, self.idx)
+        free, held_sum = self.free_blocks, int(held.sum())
+        seg = self._plan_spec_segment(now, c, rem, self.acc[:n], k, free, held_sum, bound, end_bound, 2)
+        if seg is None:
+            return 0
+        segs = [seg]
+        if seg["finishing"] and not self.waiting and spec.policy != "adaptive" and self._chains():
+            least = fb.routing is not None and fb.routing[3] == "least_outstanding"
+            acc = self.acc[:n]
+            while True:
+                keep = seg["rem_after"] > 0
+                seg["stay"] = keep
+                c, rem, acc = seg["c_after"][keep], seg["rem_after"][keep], acc[keep]
+                seg["leaving"] = int(keep.size - c.size)
+                # the blocks the segment took, then the finished sequences' freed
+                free += seg["held_gone"] - (seg["held_all"] - held_sum)
+                held_sum = seg["held_all"] - seg["held_gone"]
+                n = c.size
+                if n == 0:
+                    break
+                t = seg["end_s"]
+                if least:
+                    bound, end_bound = fb.next_s(t, self.idx, outstanding=n)
+                if spec.policy == "disable_above_batch":
+                    k = 0 if n > spec.disable_batch_size else spec.k
+                seg = self._plan_spec_segment(t, c, rem, acc, k, free, held_sum, bound, end_bound, 1)
+                if seg is None:
+                    break
+                segs.append(seg)
+                if not seg["finishing"]:
+                    break
+        start = env.now
+        waiting = len(self.waiting)
+        self._gone = [(g["end_s"], g["leaving"]) for g in segs if g.get("leaving")]
+        yield env.timeout(segs[-1]["end_s"] - start)
+        self._gone = []
+        num_blocks = rt.plan.num_blocks
+        steps_all = 0
+        for g in segs:
+            # state after the segment (what the unfused steps leave behind)
+            n, k, steps = g["n"], g["k"], g["steps"]
+            steps_all += steps
+            got = g["got"]
+            if k:
+                self.n_prop[:n] += k * steps
+                self.n_acc[:n] += g["acc_sum"]
+                self.n_verify[:n] += steps
+                self.n_vemit[:n] += got
+            self.gen[:n] += got
+            self.computed[:n] += got
+            free0, held0 = self.free_blocks, int(self.blocks[:n].sum())
+            new_held = (self.computed[:n] + (BLOCK_SIZE - 1)) // BLOCK_SIZE
+            self.free_blocks -= int((new_held - self.blocks[:n]).sum())
+            self.blocks[:n] = new_held
+            last = g is segs[-1]
+            if last:
+                self._leave(env.now)
+            else:
+                self._leave(g["end_s"], g["stay"])
+            # one row per step, in one append
+            q = k + 1
+            rows = self.log.block(steps)
+            rows[:] = (self.idx, 0.0, 0.0, n, n, 0.0, n * q, 0.0, k, 0.0, waiting, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1, 0.0)
+            total, draft = g["total"], g["draft"]
+            rows[:, 1] = g["starts"][:steps]
+            rows[:, 2] = total[:steps]
+            rows[:, 16] = rows[:, 2]
+            rows[:, 7] = g["per_step"][:steps]
+            rows[:-1, 9] = g["held_after"] + (num_blocks - free0 - held0)
+            rows[-1, 9] = num_blocks - self.free_blocks
+            if last:
+                rows[-1, 10] = len(self.waiting)
+            rows[:, 11] = g["flops"][:steps]
+            rows[:, 12] = g["nbytes"][:steps]
+            rows[:, 13] = g["target"][:steps]
+            rows[:, 14] = draft if isinstance(draft, float) else draft[:steps]
+            rows[:, 15] = g["over"][:steps]
+        return steps_all
+
+    def _plan_spec_segment(self, now: float, c: np.ndarray, rem: np.ndarray, acc_rate: np.ndarray, k: int,
+                           free: int, held_sum: int, bound: float, end_bound: float,
+                           min_steps: int) -> dict[str, Any] | None:
+        """One segment of `_spec_run` from time `now`: the sequences at contexts c (KV blocks held
+        ceil(c / B), `held_sum` in all) with `rem` tokens left and acceptance rates `acc_rate`,
+        speculating k, `free` blocks free; None (the RNG untouched) when fewer than `min_steps`
+        steps fit. Its draws are taken from the replica's generator, which is left just after
+        them."""
+        rt = self.rt
+        spec = rt.spec
+        assert spec is not None
+        n = c.size
+        q = k + 1
         ctx0 = float(c.sum())
         # step 0's duration, as the ordinary step prices it; later steps last longer (a longer
-        # context). A run of one step would be the ordinary step at a higher cost: none when the
-        # second step could not start before the bounds
+        # context). A first segment of one step would be the ordinary step at a higher cost: none
+        # when the second step could not start before the bounds
         d0 = self._spec_step(n, ctx0, k)[0]
         limit = min(bound, end_bound)
-        if now + d0 >= limit:
-            return 0
+        if min_steps >= 2 and now + d0 >= limit:
+            return None
         m = min(int(rem.min()), FUSE_MAX_STEPS, int((limit - now) / d0) + 2,
                 max(2, FUSE_MAX_DRAWS // (n * max(k, 1))))
-        if m < 2:
-            return 0
+        if m < min_steps:
+            return None
         # 1. the candidate steps' outcomes: accepted drafts, tokens emitted (capped at what is left)
         bg = self.rng.bit_generator
         state = bg.state
         if k:
-            acc = sample_accepted(self.rng, self.acc[:n], k, spec.decay, steps=m)
+            acc = sample_accepted(self.rng, acc_rate, k, spec.decay, steps=m)
             emit = acc + 1
         else:
             emit = np.ones((m, n), dtype=np.int64)
@@ -1555,9 +1649,9 @@ class Replica:
         emit = np.minimum(emit, rem - before)  # the finishing step emits what is left
         # 2. the KV reservation of each step fits (held blocks are ceil(c / B) at every step); it
         # surely does when every sequence could take steps x (k + 1) more tokens
-        if self.free_blocks < n * ((steps * q) // BLOCK_SIZE + 1):
+        if free < n * ((steps * q) // BLOCK_SIZE + 1):
             grow = 1 if q == 1 else np.minimum(q, rem - before)
-            fits = ((c + before + (grow + BLOCK_SIZE - 1)) // BLOCK_SIZE).sum(axis=1) <= self.free_blocks + int(held.sum())
+            fits = ((c + before + (grow + BLOCK_SIZE - 1)) // BLOCK_SIZE).sum(axis=1) <= free + held_sum
             if not fits.all():
                 steps = int(np.argmin(fits))
         per_step = emit.sum(axis=1)
@@ -1574,53 +1668,30 @@ class Replica:
         starts = np.cumsum(np.concatenate(([now], total)))
         steps = min(steps, int(np.searchsorted(starts[:steps], bound, "left")),
                     int(np.searchsorted(starts[1:], end_bound, "left")))
-        if steps < 1:
+        if steps < min_steps or steps < 1:
             bg.state = state
-            return 0
-        if k and steps < m:  # give back the uniforms drawn for steps beyond the run
+            return None
+        if k and steps < m:  # give back the uniforms drawn for steps beyond the segment
             bg.state = state
             if isinstance(bg, np.random.PCG64) and not state["has_uint32"]:
                 bg.advance(steps * n * k)  # one 64-bit output per uniform double
             else:
                 self.rng.random(steps * n * k)
-        if k:
-            acc = acc[:steps]
-        emit = emit[:steps]
-        start = env.now
-        waiting = len(self.waiting)
-        free0, held0 = self.free_blocks, int(held.sum())
-        # blocks held after each step but the last (the last's are known after the run)
-        held_after = ((c + (BLOCK_SIZE - 1) + cum[:steps - 1]) // BLOCK_SIZE).sum(axis=1)
-        yield env.timeout(float(starts[steps]) - start)
-        # 5. state after the run (what the unfused steps leave behind)
-        got = emit.sum(axis=0)
-        if k:
-            self.n_prop[:n] += k * steps
-            self.n_acc[:n] += acc.sum(axis=0)
-            self.n_verify[:n] += steps
-            self.n_vemit[:n] += got
-        self.gen[:n] += got
-        self.computed[:n] += got
-        new_held = (self.computed[:n] + (BLOCK_SIZE - 1)) // BLOCK_SIZE
-        self.free_blocks -= int((new_held - self.blocks[:n]).sum())
-        self.blocks[:n] = new_held
-        self._leave(env.now)
-        # 6. one row per step, in one append
-        rows = self.log.block(steps)
-        rows[:] = (self.idx, 0.0, 0.0, n, n, 0.0, n * q, 0.0, k, 0.0, waiting, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1, 0.0)
-        rows[:, 1] = starts[:steps]
-        rows[:, 2] = total[:steps]
-        rows[:, 16] = rows[:, 2]
-        rows[:, 7] = per_step[:steps]
-        rows[:-1, 9] = held_after + (rt.plan.num_blocks - free0 - held0)
-        rows[-1, 9] = rt.plan.num_blocks - self.free_blocks
-        rows[-1, 10] = len(self.waiting)
-        rows[:, 11] = flops[:steps]
-        rows[:, 12] = nbytes[:steps]
-        rows[:, 13] = target[:steps]
-        rows[:, 14] = draft if isinstance(draft, float) else draft[:steps]
-        rows[:, 15] = over[:steps]
-        return steps
+        got = emit[:steps].sum(axis=0)
+        c_after = c + got
+        held_all = int(((c_after + (BLOCK_SIZE - 1)) // BLOCK_SIZE).sum())
+        rem_after = rem - got
+        done = rem_after <= 0
+        return {
+            "n": n, "k": k, "steps": steps, "end_s": float(starts[steps]), "starts": starts, "total": total,
+            "target": target, "draft": draft, "over": over, "flops": flops, "nbytes": nbytes, "per_step": per_step,
+            "got": got, "acc_sum": acc[:steps].sum(axis=0) if k else None,
+            # blocks held after each step but the last (the last's are known after the segment)
+            "held_after": ((c + (BLOCK_SIZE - 1) + cum[:steps - 1]) // BLOCK_SIZE).sum(axis=1),
+            "finishing": bool(done.any()), "c_after": c_after, "rem_after": rem_after, "held_all": held_all,
+            "held_gone": int(((c_after[done] + (BLOCK_SIZE - 1)) // BLOCK_SIZE).sum()) if done.any() else 0,
+        }
+
     def _spec_step(self, n_dec: int, ctx: float, k: int) -> tuple[float, float, float, float, float, float]:
         """`_spec_cost` of one decode-only step (every sequence decoding, no prefill) at context
         sum `ctx`, in scalars with its operations in its order (bit-identical: the additions of
