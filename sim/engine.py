@@ -234,14 +234,20 @@ class FuseBound:
         assert self.routing is not None
         _, reps, limit, router = self.routing
         g = self.next_index
+        outs = [s.outstanding() for s in reps]  # (read once: the route bound and the backlog bound)
         if router == "round_robin":
             j = g + (replica - g) % len(reps)
         elif router == "prefix_affinity":
             j = g  # the next request may come here (its route depends on the caches)
         else:
-            o = reps[replica].outstanding() if outstanding is None else outstanding
-            j = g + sum(max(0, o + (s.idx < replica) - s.outstanding()) for s in reps if s.idx != replica)
-        stop = backlog_stop(g, reps, limit, replica)
+            o = outs[replica] if outstanding is None else outstanding
+            j = g
+            for s, o_s in zip(reps, outs, strict=True):
+                if s.idx != replica:
+                    d = o + (s.idx < replica) - o_s
+                    if d > 0:
+                        j += d
+        stop = backlog_stop(g, reps, limit, replica, outs)
         return self._arrival_s(min(j, stop)), self._arrival_s(stop)
 
     def _arrival_s(self, j: int) -> float:
@@ -284,14 +290,17 @@ class FuseBound:
         return min(t, self.next_cut_s(now)), end
 
 
-def backlog_stop(g: int, reps: list[Replica], limit: int, replica: int) -> int:
+def backlog_stop(g: int, reps: list[Replica], limit: int, replica: int, outs: list[int] | None = None) -> int:
     """The first arrival (its index; g is the next one) at which the backlog limit could stop the
     run, while a fused run of `replica` is in flight. The requests waiting anywhere grow only by
     arrivals (one each) and by preemptions, which put a running sequence back in its queue: this
     replica preempts nothing during a fused run (its queue grows by its arrivals only), and
     another's queue can hold at most what it has outstanding now (waiting and running) plus what
-    it is sent. So nothing can stop the run before arrival g + limit - that sum."""
-    held = sum(s.queued() if s.idx == replica else s.outstanding() for s in reps)
+    it is sent. So nothing can stop the run before arrival g + limit - that sum. `outs`: the
+    replicas' `outstanding()`, when already read."""
+    if outs is None:
+        outs = [s.outstanding() for s in reps]
+    held = sum(s.queued() if s.idx == replica else o for s, o in zip(reps, outs, strict=True))
     return g + max(0, limit - held)
 
 
@@ -402,7 +411,7 @@ class Replica:
         sequences whose completion inside the run has already passed (they leave the slot arrays
         only when the run ends; the router must see what the unfused engine would show)."""
         o = self.n_running + len(self.waiting)
-        if self._gone:
+        if self._gone:  # (a list: empty is the common case)
             now = self.env.now
             for t, count in self._gone:
                 if t < now:  # an arrival at the same instant comes first (URGENT), as unfused
