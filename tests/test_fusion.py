@@ -272,6 +272,8 @@ _SPEC_MATRIX = {
                                      workload={"rate_rps": 3.0, "duration_s": 30.0, "warmup_s": 5.0}),
     "2-replicas-rr": dict(rack={"gpu": "h100-sxm", "num_gpus": 8}, deployment={"router": "round_robin"},
                           speculative=_DRAFT, workload={"rate_rps": 4.0, "duration_s": 30.0}),
+    "2-replicas-least": dict(rack={"gpu": "h100-sxm", "num_gpus": 8}, speculative=_DRAFT,
+                             workload={"rate_rps": 5.0, "duration_s": 30.0}),
     "2-replicas-least-backlog": dict(rack={"gpu": "h100-sxm", "num_gpus": 8}, deployment={"max_num_seqs": 8},
                                      speculative=_DRAFT, workload={"rate_rps": 20.0, "duration_s": 30.0},
                                      sim={"backlog_limit": 30}),
@@ -324,6 +326,48 @@ def test_speculative_fused_equals_unfused(make_scenario, spec_run_counter, name:
     assert on.requests.verify_steps.sum() > 0
     # fusion happened: most steps were advanced inside fused runs, several steps a run
     assert fused["steps"] >= 0.5 * len(off.steps) and fused["steps"] >= 2 * fused["runs"], fused
+
+
+@pytest.mark.parametrize(("name", "chains"), [("draft-fixed", True), ("2-replicas-rr", True), ("2-replicas-least", True),
+                                           ("2-replicas-least-backlog", False), ("draft-disable-above-batch", True),
+                                           ("draft-adaptive", False), ("closed", False)])
+def test_speculative_runs_go_on_through_completions_only_where_nothing_reacts(
+        make_scenario, monkeypatch, name: str, chains: bool) -> None:
+    """A speculative run whose segment ends with sequences finishing goes on with the smaller
+    batch (open loop, nothing waiting, k not re-chosen from acceptance estimates): many
+    completions fall inside runs. Under the adaptive policy, with requests waiting for a slot (an
+    overloaded rack: a completion admits one), or in a closed loop (a completion sends the next
+    request), a run ends at its first completion."""
+    from sim import engine
+
+    seen = {"runs": 0, "segments": 0, "inside": 0}
+    inner, plan = engine.Replica._spec_run, engine.Replica._plan_spec_segment
+
+    def counted(self):
+        before = seen["segments"]
+        steps = yield from inner(self)
+        if steps:
+            seen["runs"] += 1
+        else:
+            seen["segments"] = before
+        return steps
+
+    def planned(self, *args):
+        seg = plan(self, *args)
+        if seg is not None:
+            seen["segments"] += 1
+        return seg
+
+    monkeypatch.setattr(engine.Replica, "_spec_run", counted)
+    monkeypatch.setattr(engine.Replica, "_plan_spec_segment", planned)
+    sim = simulate(make_scenario(**_SPEC_MATRIX[name]).with_overrides({"sim.fuse_steps": True}), 1)
+    assert seen["runs"] > 20
+    inside = seen["segments"] - seen["runs"]  # each segment but a run's last ended with a completion
+    done = int(sim.requests.completion_s.notna().sum())
+    if chains:
+        assert inside > 0.2 * done, (seen, done)
+    else:
+        assert inside == 0, seen
 
 
 def test_speculative_fused_equals_unfused_under_kv_pressure(make_scenario, spec_run_counter) -> None:
