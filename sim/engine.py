@@ -147,10 +147,13 @@ class StepLog:
         self._pending = []
         if self._i + len(rows) > self._cur.shape[0]:
             self._next_block(len(rows))
-        # (one float iterator over the row tuples: about a third faster than converting the list)
+        # (one float iterator over the row tuples: about a third faster than converting the list; a
+        # row of the wrong length would shift the rest, so the iterator must end exactly there)
+        values = itertools.chain.from_iterable(rows)
         self._cur[self._i: self._i + len(rows)] = np.fromiter(
-            itertools.chain.from_iterable(rows), dtype=np.float64, count=len(rows) * self._cur.shape[1]
-        ).reshape(len(rows), -1)
+            values, dtype=np.float64, count=len(rows) * self._cur.shape[1]).reshape(len(rows), -1)
+        if next(values, None) is not None:
+            raise ValueError("a step row longer than the step table's columns")
         self._i += len(rows)
 
     def block(self, rows: int) -> np.ndarray:
@@ -1559,8 +1562,11 @@ class Replica:
                 if n == 0:
                     break
                 t = seg["end_s"]
-                if least:
-                    bound, end_bound = fb.next_s(t, self.idx, outstanding=n)
+                if least:  # (never past the run's first bounds: a segment's last step may end past a
+                    # cut, such as a follow_load tick that switches speculation, and the next bound
+                    # found from there would be the cut after it)
+                    b2, e2 = fb.next_s(t, self.idx, outstanding=n)
+                    bound, end_bound = min(bound, b2), min(end_bound, e2)
                 if spec.policy == "disable_above_batch":
                     k = 0 if n > spec.disable_batch_size else spec.k
                 seg = self._plan_spec_segment(t, c, rem, acc, k, free, held_sum, bound, end_bound, 1)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import simpy
-from simpy.events import URGENT
+from simpy.events import URGENT, EventPriority
 
 from models.speculative import acceptance_at_quantile
 from sim.deployment import ReplicaRuntime, check_fits
@@ -307,6 +307,18 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     return req_df, steps, truncated, float(env.now)
 
 
+LATE = EventPriority(2)  # a SimPy event priority after URGENT (0) and NORMAL (1): processed after both at its instant
+
+
+def _late(env: simpy.Environment, delay: float) -> simpy.Event:
+    """A timeout processed after every URGENT and NORMAL event due at the same instant."""
+    ev = env.event()
+    ev._ok = True
+    ev._value = None
+    env.schedule(ev, LATE, delay)
+    return ev
+
+
 def _watch_done(env: simpy.Environment, reqs: Requests, progress: Progress | None = None,
                 loop: ClosedLoop | None = None, quiet_s: float = 0.0) -> Generator[simpy.Event, Any, None]:
     """Ends the run once every request has completed (checked once per simulated second), or
@@ -314,13 +326,14 @@ def _watch_done(env: simpy.Environment, reqs: Requests, progress: Progress | Non
     drives the progress bar (share of requests completed) when one is given. Without a bar, the
     checks before `quiet_s` (when they cannot succeed) are one timeout to the last whole second
     before it: the same check times (whole seconds, exact in floats), a third fewer events on a
-    long open-loop run."""
+    long open-loop run. Each check runs after everything else due at its instant (`_late`), so it
+    sees a completion at exactly that time, whichever event was scheduled first."""
     total = reqs.completion.size
     skip = math.floor(quiet_s) if progress is None and loop is None else 0
     if skip >= 2:
-        yield env.timeout(float(skip - 1))
+        yield _late(env, float(skip - 1))
     while True:
-        yield env.timeout(1.0)
+        yield _late(env, 1.0)
         if progress is not None:
             progress.update(reqs.n_done)
         if loop is not None and env.now >= loop.until_s:

@@ -215,6 +215,19 @@ def one_slot(make_scenario):
     return make
 
 
+@pytest.mark.parametrize(("arrival", "output"), [(list(range(10)), [1] * 10), ([0.0, 5.0, 9.0], [1, 1, 1]),
+                                               ([2.0, 3.0, 4.0], [1, 1, 1]), ([0.0] * 5 + [6.0], [1] * 6)])
+def test_a_run_ends_at_the_instant_of_its_last_completion(one_slot, arrival, output):
+    """The run ends when every request has completed, checked once per simulated second, after
+    everything else due at that instant: a last completion at exactly a whole second ends the run
+    there, whichever event was scheduled first (and however early the checks start)."""
+    sc, rt = one_slot(1)
+    req, _, truncated, t_end = run_table(sc, rt, _table(arrival, [10] * len(arrival), output), seed=1)
+    assert not truncated
+    last = float(req.completion_s.max())
+    assert last == int(last) and t_end == last
+
+
 def test_hand_checked_step_log(one_slot):
     """Three one-token requests at 0.0, 1.0 (the instant the first step ends) and 1.5, one at a time."""
     sc, rt = one_slot(1)

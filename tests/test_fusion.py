@@ -690,6 +690,24 @@ def test_follow_load_speculation_fuses_exactly(spec_run_counter) -> None:
     assert (on.steps.k == 0).any() and (on.steps.k > 0).any(), switches  # it did switch off and on
 
 
+@pytest.mark.parametrize("gpus", [4, 8])
+def test_follow_load_switches_every_second_under_least_outstanding_fuse_exactly(make_scenario, gpus: int) -> None:
+    """Ticks every second, switching often: a speculative run going on through completions under
+    least outstanding recomputes its bound from a segment's end, which may lie past a tick (the
+    segment's last step started before it); the run must still stop at the tick (found by review:
+    without the clamp, steps after a switch kept the old k)."""
+    sc = make_scenario(rack={"gpu": "h100-sxm", "num_gpus": gpus},
+                       speculative={**_DRAFT, "policy": "follow_load", "load_interval_s": 1.0,
+                                    "load_off_above": 0.1, "load_on_below": 0.08},
+                       workload={"rate_rps": 2.5 * gpus / 4, "duration_s": 30.0})
+    on = simulate(sc.with_overrides({"sim.fuse_steps": True}), 1)
+    off = simulate(sc.with_overrides({"sim.fuse_steps": False}), 1)
+    assert (off.steps.k == 0).any() and (off.steps.k > 0).any()  # it switched off and on
+    _same_requests(off.requests, on.requests)
+    _same_steps(off.steps, on.steps)
+    _same_kv(off.steps, on.steps)
+
+
 @pytest.mark.parametrize("spec", [
     {"method": "tree", "num_speculative_tokens": 3, "tree_branching": [2, 2, 1]},
     {"method": "self_spec", "num_speculative_tokens": 3},
