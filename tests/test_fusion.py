@@ -646,7 +646,8 @@ def test_bench_fusion_quick_reports_both_engines() -> None:
     for name in "ab":
         p = out[name]
         assert p["measured_requests"] == 120 and p["speedup"] > 0 and p["speedup_cpu"] > 0
-        assert p["side_by_side"] == ((os.cpu_count() or 1) >= 2)
+        assert p["side_by_side"] == ((os.cpu_count() or 1) >= 2) and len(p["fused_runs_cpu_s"]) >= 1
+        assert p["fused"]["cpu_s"] in p["fused_runs_cpu_s"]
         assert p["fused"]["steps"] == p["unfused"]["steps"] and p["e2e_mean_rel_diff"] < 1e-9
         assert p["fused"]["steps_per_s"] > 0 and p["fused"]["peak_rss_mib"] > 0
         assert p["fused"]["steps_per_request"] == p["unfused"]["steps_per_request"] > 1
