@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import simpy
-from simpy.events import URGENT
+from simpy.events import URGENT, EventPriority
 
 from sim.engine import FuseBound, Replica, backlog_stop
 from sim.scenario import Autoscale, Scenario
@@ -48,13 +48,19 @@ def tick_times(interval_s: float, end_s: float) -> list[float]:
     return out
 
 
-def _urgent(env: simpy.Environment, delay: float) -> simpy.Event:
-    """A timeout that fires before the ordinary events of its instant (steps ending then)."""
+def timeout_with(env: simpy.Environment, delay: float, priority: EventPriority) -> simpy.Event:
+    """A timeout of the given SimPy priority: URGENT fires before the ordinary events of its
+    instant (steps ending then), a larger number after them."""
     ev = env.event()
     ev._ok = True
     ev._value = None
-    env.schedule(ev, URGENT, delay)
+    env.schedule(ev, priority, delay)
     return ev
+
+
+def _urgent(env: simpy.Environment, delay: float) -> simpy.Event:
+    """A timeout that fires before the ordinary events of its instant (steps ending then)."""
+    return timeout_with(env, delay, URGENT)
 
 
 class Fleet:

@@ -24,7 +24,7 @@ from simpy.events import URGENT, EventPriority
 from models.speculative import acceptance_at_quantile
 from sim.deployment import ReplicaRuntime, check_fits
 from sim.engine import STEP_INT_COLUMNS, FuseBound, Replica, Requests, StepLog
-from sim.fleet import Autoscaler, Fleet, FleetBound, FollowLoad, change_times
+from sim.fleet import Autoscaler, Fleet, FleetBound, FollowLoad, change_times, timeout_with
 from sim.scenario import Scenario
 from sim.workload import streams
 
@@ -49,10 +49,7 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
     while i < n:
         t = at[i]
         if t > env.now:
-            ev = env.event()
-            ev._ok = True
-            ev._value = None
-            env.schedule(ev, URGENT, t - env.now)
+            ev = timeout_with(env, t - env.now, URGENT)
             if fuse is not None:
                 fuse.next_arrival_s = env.now + (t - env.now)  # the event's exact time
                 fuse.next_index = i
@@ -310,15 +307,6 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
 LATE = EventPriority(2)  # a SimPy event priority after URGENT (0) and NORMAL (1): processed after both at its instant
 
 
-def _late(env: simpy.Environment, delay: float) -> simpy.Event:
-    """A timeout processed after every URGENT and NORMAL event due at the same instant."""
-    ev = env.event()
-    ev._ok = True
-    ev._value = None
-    env.schedule(ev, LATE, delay)
-    return ev
-
-
 def _watch_done(env: simpy.Environment, reqs: Requests, progress: Progress | None = None,
                 loop: ClosedLoop | None = None, quiet_s: float = 0.0) -> Generator[simpy.Event, Any, None]:
     """Ends the run once every request has completed (checked once per simulated second), or
@@ -326,14 +314,14 @@ def _watch_done(env: simpy.Environment, reqs: Requests, progress: Progress | Non
     drives the progress bar (share of requests completed) when one is given. Without a bar, the
     checks before `quiet_s` (when they cannot succeed) are one timeout to the last whole second
     before it: the same check times (whole seconds, exact in floats), a third fewer events on a
-    long open-loop run. Each check runs after everything else due at its instant (`_late`), so it
+    long open-loop run. Each check runs after everything else due at its instant (priority LATE), so it
     sees a completion at exactly that time, whichever event was scheduled first."""
     total = reqs.completion.size
     skip = math.floor(quiet_s) if progress is None and loop is None else 0
     if skip >= 2:
-        yield _late(env, float(skip - 1))
+        yield timeout_with(env, float(skip - 1), LATE)
     while True:
-        yield _late(env, 1.0)
+        yield timeout_with(env, 1.0, LATE)
         if progress is not None:
             progress.update(reqs.n_done)
         if loop is not None and env.now >= loop.until_s:
