@@ -100,6 +100,39 @@ class RunSegment(NamedTuple):
     stay: np.ndarray | None = None  # ... and which stay (known from the plan; else found at its end)
 
 
+class SpecSegment(NamedTuple):
+    """One segment of a fused run of speculative steps (`Replica._plan_spec_segment`): `steps`
+    steps of the same n sequences speculating k, the first starting at starts[0], ending at
+    `end_s`; per step (arrays over its steps, or longer: only the first `steps` count) the costs,
+    the tokens emitted and the KV blocks held after it (all but the last); per sequence the tokens
+    it got, the drafts accepted, its context and tokens left after the segment; `finishing` when
+    a sequence finished at its last step (`held_all`: blocks held after it, `held_gone`: those of
+    the finished ones)."""
+
+    n: int
+    k: int
+    steps: int
+    end_s: float
+    starts: np.ndarray
+    total: np.ndarray
+    target: np.ndarray
+    draft: np.ndarray | float
+    over: np.ndarray
+    flops: np.ndarray
+    nbytes: np.ndarray
+    per_step: np.ndarray
+    got: np.ndarray
+    acc_sum: np.ndarray | None
+    held_after: np.ndarray
+    finishing: bool
+    c_after: np.ndarray
+    rem_after: np.ndarray
+    held_all: int
+    held_gone: int
+    leaving: int = 0  # sequences finishing at its end, when the run goes on after it
+    stay: np.ndarray | None = None  # ... and which stay
+
+
 def _near(times: list[float], j: int, t: float) -> bool:
     """Whether arrival j (if any) is within NEAR (relative) of time t: then which of the two comes
     first is left to SimPy's event order, not to the planner's float arithmetic."""
@@ -147,7 +180,7 @@ class StepLog:
         self._pending = []
         if self._i + len(rows) > self._cur.shape[0]:
             self._next_block(len(rows))
-        # (one float iterator over the row tuples: about a third faster than converting the list; a
+        # (one float iterator over the row tuples: about a quarter faster than converting the list; a
         # row of the wrong length would shift the rest, so the iterator must end exactly there)
         values = itertools.chain.from_iterable(rows)
         self._cur[self._i: self._i + len(rows)] = np.fromiter(
@@ -1547,21 +1580,20 @@ class Replica:
         if seg is None:
             return 0
         segs = [seg]
-        if seg["finishing"] and not self.waiting and spec.policy != "adaptive" and self._chains():
+        if seg.finishing and not self.waiting and spec.policy != "adaptive" and self._chains():
             least = fb.routing is not None and fb.routing[3] == "least_outstanding"
             acc = self.acc[:n]
             while True:
-                keep = seg["rem_after"] > 0
-                seg["stay"] = keep
-                c, rem, acc = seg["c_after"][keep], seg["rem_after"][keep], acc[keep]
-                seg["leaving"] = int(keep.size - c.size)
+                keep = seg.rem_after > 0
+                c, rem, acc = seg.c_after[keep], seg.rem_after[keep], acc[keep]
+                segs[-1] = seg._replace(leaving=int(keep.size - c.size), stay=keep)
                 # the blocks the segment took, then the finished sequences' freed
-                free += seg["held_gone"] - (seg["held_all"] - held_sum)
-                held_sum = seg["held_all"] - seg["held_gone"]
+                free += seg.held_gone - (seg.held_all - held_sum)
+                held_sum = seg.held_all - seg.held_gone
                 n = c.size
                 if n == 0:
                     break
-                t = seg["end_s"]
+                t = seg.end_s
                 if least:  # (never past the run's first bounds: a segment's last step may end past a
                     # cut, such as a follow_load tick that switches speculation, and the next bound
                     # found from there would be the cut after it)
@@ -1573,23 +1605,24 @@ class Replica:
                 if seg is None:
                     break
                 segs.append(seg)
-                if not seg["finishing"]:
+                if not seg.finishing:
                     break
         start = env.now
         waiting = len(self.waiting)
-        self._gone = [(g["end_s"], g["leaving"]) for g in segs if g.get("leaving")]
-        yield env.timeout(segs[-1]["end_s"] - start)
+        self._gone = [(g.end_s, g.leaving) for g in segs if g.leaving]
+        yield env.timeout(segs[-1].end_s - start)
         self._gone = []
         num_blocks = rt.plan.num_blocks
         steps_all = 0
         for g in segs:
             # state after the segment (what the unfused steps leave behind)
-            n, k, steps = g["n"], g["k"], g["steps"]
+            n, k, steps = g.n, g.k, g.steps
             steps_all += steps
-            got = g["got"]
+            got = g.got
             if k:
+                assert g.acc_sum is not None
                 self.n_prop[:n] += k * steps
-                self.n_acc[:n] += g["acc_sum"]
+                self.n_acc[:n] += g.acc_sum
                 self.n_verify[:n] += steps
                 self.n_vemit[:n] += got
             self.gen[:n] += got
@@ -1602,30 +1635,30 @@ class Replica:
             if last:
                 self._leave(env.now)
             else:
-                self._leave(g["end_s"], g["stay"])
+                self._leave(g.end_s, g.stay)
             # one row per step, in one append
             q = k + 1
             rows = self.log.block(steps)
             rows[:] = (self.idx, 0.0, 0.0, n, n, 0.0, n * q, 0.0, k, 0.0, waiting, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1, 0.0)
-            total, draft = g["total"], g["draft"]
-            rows[:, 1] = g["starts"][:steps]
+            total, draft = g.total, g.draft
+            rows[:, 1] = g.starts[:steps]
             rows[:, 2] = total[:steps]
             rows[:, 16] = rows[:, 2]
-            rows[:, 7] = g["per_step"][:steps]
-            rows[:-1, 9] = g["held_after"] + (num_blocks - free0 - held0)
+            rows[:, 7] = g.per_step[:steps]
+            rows[:-1, 9] = g.held_after + (num_blocks - free0 - held0)
             rows[-1, 9] = num_blocks - self.free_blocks
             if last:
                 rows[-1, 10] = len(self.waiting)
-            rows[:, 11] = g["flops"][:steps]
-            rows[:, 12] = g["nbytes"][:steps]
-            rows[:, 13] = g["target"][:steps]
+            rows[:, 11] = g.flops[:steps]
+            rows[:, 12] = g.nbytes[:steps]
+            rows[:, 13] = g.target[:steps]
             rows[:, 14] = draft if isinstance(draft, float) else draft[:steps]
-            rows[:, 15] = g["over"][:steps]
+            rows[:, 15] = g.over[:steps]
         return steps_all
 
     def _plan_spec_segment(self, now: float, c: np.ndarray, rem: np.ndarray, acc_rate: np.ndarray, k: int,
                            free: int, held_sum: int, bound: float, end_bound: float,
-                           min_steps: int) -> dict[str, Any] | None:
+                           min_steps: int) -> SpecSegment | None:
         """One segment of `_spec_run` from time `now`: the sequences at contexts c (KV blocks held
         ceil(c / B), `held_sum` in all) with `rem` tokens left and acceptance rates `acc_rate`,
         speculating k, `free` blocks free; None (the RNG untouched) when fewer than `min_steps`
@@ -1697,15 +1730,14 @@ class Replica:
         held_all = int(((c_after + (BLOCK_SIZE - 1)) // BLOCK_SIZE).sum())
         rem_after = rem - got
         done = rem_after <= 0
-        return {
-            "n": n, "k": k, "steps": steps, "end_s": float(starts[steps]), "starts": starts, "total": total,
-            "target": target, "draft": draft, "over": over, "flops": flops, "nbytes": nbytes, "per_step": per_step,
-            "got": got, "acc_sum": acc[:steps].sum(axis=0) if k else None,
+        finishing = bool(done.any())
+        return SpecSegment(
+            n, k, steps, float(starts[steps]), starts, total, target, draft, over, flops, nbytes, per_step, got,
+            acc[:steps].sum(axis=0) if k else None,
             # blocks held after each step but the last (the last's are known after the segment)
-            "held_after": ((c + (BLOCK_SIZE - 1) + cum[:steps - 1]) // BLOCK_SIZE).sum(axis=1),
-            "finishing": bool(done.any()), "c_after": c_after, "rem_after": rem_after, "held_all": held_all,
-            "held_gone": int(((c_after[done] + (BLOCK_SIZE - 1)) // BLOCK_SIZE).sum()) if done.any() else 0,
-        }
+            ((c + (BLOCK_SIZE - 1) + cum[:steps - 1]) // BLOCK_SIZE).sum(axis=1),
+            finishing, c_after, rem_after, held_all,
+            int(((c_after[done] + (BLOCK_SIZE - 1)) // BLOCK_SIZE).sum()) if finishing else 0)
 
     def _spec_step(self, n_dec: int, ctx: float, k: int) -> tuple[float, float, float, float, float, float]:
         """`_spec_cost` of one decode-only step (every sequence decoding, no prefill) at context
