@@ -133,12 +133,6 @@ class SpecSegment(NamedTuple):
     stay: np.ndarray | None = None  # ... and which stay
 
 
-def _near(times: list[float], j: int, t: float) -> bool:
-    """Whether arrival j (if any) is within NEAR (relative) of time t: then which of the two comes
-    first is left to SimPy's event order, not to the planner's float arithmetic."""
-    return j < len(times) and abs(times[j] - t) <= NEAR * (t if t > 1.0 else 1.0)
-
-
 class StepLog:
     """Column store for the step table, in blocks (amortised O(1) appends; no block is ever
     copied until `table`, so the peak is the rows plus one copy of them, not three). Single rows
@@ -1431,7 +1425,9 @@ class Replica:
             pending.append(j)
             j += stride
             a += 1
-        tol = NEAR * (t if t > 1.0 else 1.0)  # `_near`, inline
+        # an arrival within NEAR (relative) of t: which of the two comes first is left to SimPy's
+        # event order, not to the planner's float arithmetic
+        tol = NEAR * (t if t > 1.0 else 1.0)
         near = (j < nq and abs(queued[j] - t) <= tol) or (a > 0 and abs(queued[j - stride] - t) <= tol)
         return j, a, near
 
