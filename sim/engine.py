@@ -64,6 +64,10 @@ FUSE_MAX_DRAWS = 1 << 16
 # a fused speculative run of at most this many steps is priced step by step in scalars (measured: 8
 # steps of 2 sequences with a draft, 79 us with numpy's arrays, ~3 us a step in scalars)
 SPEC_SCALAR_STEPS = 24
+# a fused speculative segment of at most this many sequences is planned step by step in scalars
+# (`Replica._plan_spec_scalar`), drawing its uniforms this many steps at a time
+SPEC_SCALAR_SEQS = 32
+SPEC_SCALAR_CHUNK = 16
 
 
 class VerifyPlan(NamedTuple):
@@ -1669,7 +1673,8 @@ class Replica:
         # step 0's duration, as the ordinary step prices it; later steps last longer (a longer
         # context). A first segment of one step would be the ordinary step at a higher cost: none
         # when the second step could not start before the bounds
-        d0 = self._spec_step(n, ctx0, k)[0]
+        first = self._spec_step(n, ctx0, k)
+        d0 = first[0]
         limit = min(bound, end_bound)
         if min_steps >= 2 and now + d0 >= limit:
             return None
@@ -1677,6 +1682,9 @@ class Replica:
                 max(2, FUSE_MAX_DRAWS // (n * max(k, 1))))
         if m < min_steps:
             return None
+        if n <= SPEC_SCALAR_SEQS and spec.policy != "adaptive":
+            return self._plan_spec_scalar(now, c, rem, acc_rate, k, free, held_sum, bound, end_bound, min_steps, m, ctx0,
+                                          first)
         # 1. the candidate steps' outcomes: accepted drafts, tokens emitted (capped at what is left)
         bg = self.rng.bit_generator
         state = bg.state
@@ -1734,6 +1742,141 @@ class Replica:
             ((c + (BLOCK_SIZE - 1) + cum[:steps - 1]) // BLOCK_SIZE).sum(axis=1),
             finishing, c_after, rem_after, held_all,
             int(((c_after[done] + (BLOCK_SIZE - 1)) // BLOCK_SIZE).sum()) if finishing else 0)
+
+    def _plan_spec_scalar(self, now: float, c: np.ndarray, rem: np.ndarray, acc_rate: np.ndarray, k: int,
+                          free: int, held_sum: int, bound: float, end_bound: float, min_steps: int, m: int,
+                          ctx0: float, first: tuple[float, ...]) -> SpecSegment | None:
+        """`_plan_spec_segment` for a small batch (at most SPEC_SCALAR_SEQS sequences) and a
+        policy that keeps k (all but adaptive), step by step in plain Python over scalars: the
+        same uniforms (drawn SPEC_SCALAR_CHUNK steps at a time, in the stream's order), the same
+        accepted counts (leading uniforms below a[i] x decay^l, the probabilities as
+        `sample_accepted` computes them), each step priced by `_spec_step` and timed by the same
+        sequential sums, and each stopping rule (a sequence finishing, a reservation that would
+        not fit, a step starting at the bound or ending past the end bound) applied at the first
+        step where the array planner's would cut: the same segment, to the bit, at a fraction of
+        numpy's per-call cost on arrays this short (tests/test_fusion.py compares the two)."""
+        spec = self.rt.spec
+        assert spec is not None
+        B = BLOCK_SIZE
+        n = c.size
+        q = k + 1
+        cl: list[int] = c.tolist()
+        rl: list[int] = rem.tolist()
+        rng = self.rng
+        bg = rng.bit_generator
+        state = bg.state
+        p: list[list[float]] = (acc_rate[:, None] * (spec.decay ** np.arange(k))[None, :]).tolist() if k else []
+        nk = n * k
+        cum = [0] * n  # tokens each sequence emitted in the segment's steps so far (uncapped)
+        acc_sum = [0] * n
+        got = [0] * n
+        # the KV reservation surely fits when every sequence could take m x (k + 1) more tokens
+        check_kv = free < n * ((m * q) // B + 1)
+        room = free + held_sum
+        starts = [now]
+        totals: list[float] = []
+        targets: list[float] = []
+        drafts: list[float] = []
+        overs: list[float] = []
+        flops_l: list[float] = []
+        bytes_l: list[float] = []
+        per_step: list[int] = []
+        held_after: list[int] = []
+        u: list[float] = []
+        drawn = base0 = 0  # steps whose uniforms are drawn; the first step of those in u
+        t = now
+        sum_emit = 0  # tokens emitted before this step, all sequences (the context grown)
+        finishing = False
+        steps = 0
+        while steps < m:
+            j = steps
+            if t >= bound:
+                break
+            if check_kv:
+                if q == 1:
+                    need = sum((cl[i] + cum[i] + B) // B for i in range(n))
+                else:
+                    need = 0
+                    for i in range(n):
+                        left = rl[i] - cum[i]
+                        need += (cl[i] + cum[i] + (q if q < left else left) + (B - 1)) // B
+                if need > room:
+                    break
+            cost = self._spec_step(n, ctx0 + sum_emit, k) if j else first
+            total = cost[0]
+            end = t + total
+            if end >= end_bound:
+                break
+            # this step's outcomes
+            emitted = 0
+            if k:
+                if j >= drawn:
+                    more = min(SPEC_SCALAR_CHUNK, m - drawn)
+                    u = rng.random(more * nk).tolist()
+                    base0 = drawn
+                    drawn += more
+                o = (j - base0) * nk
+                for i in range(n):
+                    pi = p[i]
+                    a = 0
+                    while a < k and u[o + a] < pi[a]:
+                        a += 1
+                    o += k
+                    acc_sum[i] += a
+                    e = a + 1
+                    before = cum[i]
+                    left = rl[i] - before
+                    if e >= left:
+                        e = left
+                        finishing = True
+                    cum[i] = before + a + 1
+                    got[i] += e
+                    emitted += e
+            else:
+                for i in range(n):
+                    cum[i] += 1
+                    got[i] += 1
+                    if cum[i] >= rl[i]:
+                        finishing = True
+                emitted = n
+            totals.append(total)
+            targets.append(cost[1])
+            drafts.append(cost[2])
+            overs.append(cost[3])
+            flops_l.append(cost[4])
+            bytes_l.append(cost[5])
+            per_step.append(emitted)
+            sum_emit += emitted
+            t = end
+            starts.append(t)
+            steps += 1
+            if finishing:
+                break
+            if steps < m:
+                held_after.append(sum((cl[i] + cum[i] + (B - 1)) // B for i in range(n)))
+        if steps < min_steps or steps < 1:
+            bg.state = state
+            return None
+        if k and steps < drawn:  # give back the uniforms drawn for steps beyond the segment
+            bg.state = state
+            if isinstance(bg, np.random.PCG64) and not state["has_uint32"]:
+                bg.advance(steps * nk)  # one 64-bit output per uniform double
+            else:
+                rng.random(steps * nk)
+        if len(held_after) == steps:  # (the last step's blocks are known after the segment)
+            held_after.pop()
+        got_a = np.array(got, dtype=np.int64)
+        c_after = c + got_a
+        rem_after = rem - got_a
+        ca = c_after.tolist()
+        held_all = sum((x + (B - 1)) // B for x in ca)
+        held_gone = sum((x + (B - 1)) // B for x, r in zip(ca, rem_after.tolist(), strict=True) if r <= 0)
+        draft: np.ndarray | float = np.array(drafts) if spec.draft_cost is not None and k > 0 else 0.0
+        return SpecSegment(
+            n, k, steps, t, np.array(starts), np.array(totals), np.array(targets), draft, np.array(overs),
+            np.array(flops_l), np.array(bytes_l), np.array(per_step, dtype=np.int64), got_a,
+            np.array(acc_sum, dtype=np.int64) if k else None, np.array(held_after, dtype=np.int64),
+            finishing, c_after, rem_after, held_all, held_gone)
 
     def _spec_step(self, n_dec: int, ctx: float, k: int) -> tuple[float, float, float, float, float, float]:
         """`_spec_cost` of one decode-only step (every sequence decoding, no prefill) at context

@@ -478,6 +478,81 @@ def test_speculative_step_costs_of_a_run_are_the_ordinary_steps_bit_for_bit(make
                     assert [rep._spec_step(n, c, k) for c in ctx.tolist()] == ones
 
 
+def _segment_columns(seg: Any) -> dict[str, Any]:
+    """A speculative segment's figures over its own steps (arrays may run past them)."""
+    st = seg.steps
+    out: dict[str, Any] = {}
+    for f in seg._fields:
+        v = getattr(seg, f)
+        if f == "starts":
+            v = np.asarray(v)[:st + 1].tolist()
+        elif f in ("total", "target", "over", "flops", "nbytes", "per_step"):
+            v = np.asarray(v)[:st].tolist()
+        elif f == "draft":
+            v = [v] * st if np.ndim(v) == 0 else np.asarray(v)[:st].tolist()
+        elif isinstance(v, np.ndarray):
+            v = v.tolist()
+        out[f] = v
+    return out
+
+
+def test_scalar_speculative_segments_are_the_array_planners_bit_for_bit(make_scenario, monkeypatch) -> None:
+    """`_plan_spec_scalar` (small batches, step by step in scalars) plans the segment the array
+    planner plans from the same state: every figure to the last bit, and the generator left at the
+    same point, on random states (batches of 1-32, k of 0-5, tight KV, time and end bounds, either
+    minimum, speculation switched off, uniforms drawn 1-4 steps at a time or 16)."""
+    import simpy
+
+    from sim import engine
+    from sim.engine import Replica, Requests, StepLog
+
+    one = np.zeros(1)
+    reqs = Requests(one, one.astype(np.int64) + 1, one.astype(np.int64) + 1, one)
+    reps = []
+    for spec in (_DRAFT, {"method": "eagle", "num_speculative_tokens": 5, "acceptance_decay": 0.9},
+                 {"method": "ngram", "num_speculative_tokens": 3}, {**_DRAFT, "policy": "disable_above_batch"}):
+        rt = build_runtime(make_scenario(speculative=spec))
+        reps.append(Replica(simpy.Environment(), 0, rt, reqs, np.random.default_rng(0), StepLog()))
+    rng = np.random.default_rng(11)
+    seen = {"none": 0, "finishing": 0, "kv": 0}
+    for trial in range(1500):
+        rep = reps[trial % len(reps)]
+        n = int(rng.integers(1, 33))
+        k = int(rng.choice([0, 1, 2, 4, rep.rt.spec.k]))
+        c = rng.integers(1, 3000, n).astype(np.int64)
+        rem = rng.integers(1, 80 if rng.random() < 0.5 else 400, n).astype(np.int64)
+        acc = rng.uniform(0.0, 0.999, n)
+        held = int(((c + 15) // 16).sum())
+        free = int(rng.integers(0, 12 * n)) if rng.random() < 0.4 else 10**6
+        now = float(rng.uniform(0.0, 100.0))
+        d = rep._spec_step(n, float(c.sum()), k)[0]
+        bound = now + d * float(rng.uniform(0.5, 60.0)) if rng.random() < 0.8 else 1e7
+        end_bound = now + d * float(rng.uniform(0.5, 80.0)) if rng.random() < 0.5 else 1e7
+        min_steps = int(rng.choice([1, 2]))
+        seed = int(rng.integers(1 << 30))
+        rep.speculating = bool(rng.random() < 0.9)
+        chunk = int(rng.integers(1, 5)) if rng.random() < 0.3 else 16
+        got = []
+        for scalar in (False, True):
+            monkeypatch.setattr(engine, "SPEC_SCALAR_SEQS", 64 if scalar else 0)
+            monkeypatch.setattr(engine, "SPEC_SCALAR_CHUNK", chunk)
+            rep.rng = np.random.default_rng(seed)
+            seg = rep._plan_spec_segment(now, c.copy(), rem.copy(), acc.copy(), k, free, held, bound, end_bound,
+                                         min_steps)
+            got.append((None if seg is None else _segment_columns(seg), rep.rng.random()))
+        assert got[1] == got[0], (trial, n, k)
+        if got[0][0] is None:
+            seen["none"] += 1
+            continue
+        seen["finishing"] += got[0][0]["finishing"]
+        if free < 10**6:  # the reservation bound the segment (the same state with room to spare goes further)
+            rep.rng = np.random.default_rng(seed)
+            roomy = rep._plan_spec_segment(now, c.copy(), rem.copy(), acc.copy(), k, 10**6, held, bound, end_bound,
+                                           min_steps)
+            seen["kv"] += roomy is None or roomy.steps != got[0][0]["steps"]
+    assert min(seen.values()) >= 20, seen
+
+
 def test_sample_accepted_steps_draws_the_unfused_stream() -> None:
     """m steps drawn at once are the m successive draws, and a generator rewound and advanced past
     the first s steps' uniforms continues as if those s steps alone had been drawn."""
