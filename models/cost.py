@@ -430,14 +430,24 @@ class CostModel:
         if tokens <= 0 or self.window:
             tc = self.step_sums(num_seqs, tokens, context_tokens, attn_pairs, step_overhead=step_overhead)
             return tc.total_s, tc.flops, tc.bytes
+        lin, kv_w, w, act, comm_s, overhead_s, lin_f = self.pass_parts(num_seqs, tokens, step_overhead)
+        attn_f = self.attn_flops_per_pair * attn_pairs
+        attn_c = attn_f / self._peak_attn
+        kv_r = self.kv_bytes_per_token_gpu * context_tokens
+        attn_m = (kv_r + kv_w) / self.bw
+        total = lin + (attn_c if attn_c > attn_m else attn_m) + comm_s + overhead_s
+        return total, lin_f + attn_f, w + kv_r + kv_w + act
+
+    def pass_parts(self, num_seqs: int, tokens: float, step_overhead: bool = True) -> tuple[float, ...]:
+        """`pass_sums`'s cached terms of a pass that depend on its sequences and new tokens only
+        (tokens > 0, no sliding window): max(linear compute, linear memory) as `step_sums` takes
+        it, KV written, weights, activations, communication, overhead, linear FLOPs."""
         key = (num_seqs, tokens, step_overhead)
         parts = self._pass_parts.get(key)
         if parts is None:
             if len(self._pass_parts) >= 4096:
                 self._pass_parts.clear()
             tc = self.step_sums(num_seqs, tokens, 0.0, 0.0, step_overhead=step_overhead)
-            # step_sums's own terms: max(linear compute, linear memory) as it takes it, KV written,
-            # weights, activations, communication, overhead, linear FLOPs
             e = self.eff
             mfu = self.mfu_max * tokens / (tokens + e.mfu_half_tokens)
             lin_c = self.flops_per_token * tokens / (self.peak * mfu)
@@ -445,13 +455,7 @@ class CostModel:
             lin = lin_c if lin_c > lin_m else lin_m
             parts = self._pass_parts[key] = (lin, tc.kv_write_bytes, tc.weight_bytes, tc.act_bytes, tc.comm_s,
                                              tc.overhead_s, self.flops_per_token * tokens)
-        lin, kv_w, w, act, comm_s, overhead_s, lin_f = parts
-        attn_f = self.attn_flops_per_pair * attn_pairs
-        attn_c = attn_f / self._peak_attn
-        kv_r = self.kv_bytes_per_token_gpu * context_tokens
-        attn_m = (kv_r + kv_w) / self.bw
-        total = lin + (attn_c if attn_c > attn_m else attn_m) + comm_s + overhead_s
-        return total, lin_f + attn_f, w + kv_r + kv_w + act
+        return parts
 
     def _decode_parts_of(self, num_seqs: int) -> tuple[float, float, float, float]:
         """`step_sums`'s batch-size-only terms of a plain decode step of `num_seqs` sequences:

@@ -437,6 +437,7 @@ class Replica:
         self.speculating = True  # speculative.policy "follow_load": switched by sim.fleet.FollowLoad
         self._gone: list[tuple[float, int]] = []  # a fused run in flight: (time, sequences) completing inside it
         self._taken: list[float] = []  # a fused run in flight: the start of each admission inside it
+        self._step_parts: dict[tuple[int, int, bool], Any] = {}  # `_spec_step`'s cached terms
         self.proc = env.process(self.run())
 
     # ------------------------------------------------------------- routing
@@ -1883,6 +1884,75 @@ class Replica:
         sum `ctx`, in scalars with its operations in its order (bit-identical: the additions of
         an empty prefill, x + 0.0, are x), each pass priced by `CostModel.pass_sums` (its
         batch-only terms cached): a short fused run's steps cost less so than with numpy."""
+        key = (n_dec, k, self.speculating)
+        pr = self._step_parts.get(key)
+        if pr is None:
+            pr = self._step_parts[key] = self._spec_step_parts(n_dec, k)
+        if pr:
+            # pass_sums of each pass inline, its operations in its order: the target's verification
+            # (context ctx, pairs ctx q + n q (q + 1) / 2), k draft passes at the mean draft context,
+            # and the plain decode pass the machinery's overhead is a fraction of
+            (q, pairs0, lin, kv_w, w, act, comm_s, over_s, lin_f, apf, peak, kvb, bw, tp,
+             draft_p, plain_p, frac) = pr
+            attn_f = apf * (ctx * q + pairs0)
+            attn_c = attn_f / peak
+            kv_r = kvb * ctx
+            attn_m = (kv_r + kv_w) / bw
+            total = lin + (attn_c if attn_c > attn_m else attn_m) + comm_s + over_s
+            flops = (lin_f + attn_f) * tp
+            nbytes = (w + kv_r + kv_w + act) * tp
+            draft = 0.0
+            if draft_p:
+                (half, d_lin, d_kv_w, d_w, d_act, d_comm, d_over, d_lin_f, d_apf, d_peak, d_kvb, d_bw, d_tp) = draft_p
+                mean_ctx = ctx + half
+                d_attn_f = d_apf * (mean_ctx + n_dec)
+                d_attn_c = d_attn_f / d_peak
+                d_kv_r = d_kvb * mean_ctx
+                d_attn_m = (d_kv_r + d_kv_w) / d_bw
+                draft = k * (d_lin + (d_attn_c if d_attn_c > d_attn_m else d_attn_m) + d_comm + d_over)
+                flops += k * (d_lin_f + d_attn_f) * d_tp
+                nbytes += k * (d_w + d_kv_r + d_kv_w + d_act) * d_tp
+            step = total + draft
+            if frac is None:
+                over = 0.0
+            elif plain_p:
+                p_lin, p_kv_w, p_comm, p_over, p_apf, p_peak, p_kvb, p_bw = plain_p
+                p_attn_c = p_apf * (ctx + n_dec) / p_peak
+                p_attn_m = (p_kvb * ctx + p_kv_w) / p_bw
+                over = (p_lin + (p_attn_c if p_attn_c > p_attn_m else p_attn_m) + p_comm + p_over) * frac
+            else:
+                over = total * frac
+            return step + over, total, draft, over, flops, nbytes
+        return self._spec_step_general(n_dec, ctx, k)
+
+    def _spec_step_parts(self, n_dec: int, k: int) -> tuple[Any, ...] | None:
+        """`_spec_step`'s terms that depend on the batch and k only (None where `pass_sums`
+        would not use its cache: a sliding window)."""
+        rt = self.rt
+        spec = rt.spec
+        cost = rt.cost
+        assert spec is not None and isinstance(cost, CostModel)
+        dc = spec.draft_cost
+        if cost.window or (dc is not None and isinstance(dc, CostModel) and dc.window):
+            return None
+        q = k + 1
+        parts = cost.pass_parts(n_dec, n_dec * q + 0.0)
+        draft_p: tuple[Any, ...] | None = None
+        if dc is not None and k > 0:
+            assert isinstance(dc, CostModel)
+            draft_p = (n_dec * (k - 1) / 2.0, *dc.pass_parts(n_dec, n_dec, False), dc.attn_flops_per_pair,
+                       dc._peak_attn, dc.kv_bytes_per_token_gpu, dc.bw, dc.tp)
+        plain_p: tuple[Any, ...] | None = None
+        if self.speculating and k > 0:
+            pl = cost.pass_parts(n_dec, n_dec)
+            plain_p = (pl[0], pl[1], pl[4], pl[5], cost.attn_flops_per_pair, cost._peak_attn, cost.kv_bytes_per_token_gpu,
+                       cost.bw)
+        return (q, n_dec * q * (q + 1) / 2.0, *parts, cost.attn_flops_per_pair, cost._peak_attn,
+                cost.kv_bytes_per_token_gpu, cost.bw, cost.tp, draft_p, plain_p,
+                self._overhead_frac(n_dec) if self.speculating else None)
+
+    def _spec_step_general(self, n_dec: int, ctx: float, k: int) -> tuple[float, float, float, float, float, float]:
+        """`_spec_step` through `pass_sums` (any cost model)."""
         rt = self.rt
         spec = rt.spec
         cost = rt.cost
