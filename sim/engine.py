@@ -846,6 +846,7 @@ class Replica:
         stalled_s = 0.0  # prefill-only steps run since the last decode while sequences were ready to decode
         decode_left = 0  # multi-step scheduling: decode steps still due before prefills are considered again
         absorbs = self._absorbs()  # fixed for the run (router, replicas, prefill mode, hooks, cache)
+        spec_absorbs = absorbs and spec is not None and spec.policy != "adaptive"
         while True:
             if self.n_running == 0 and not self.waiting:
                 self.idle = True
@@ -865,6 +866,11 @@ class Replica:
                         decode_left = (decode_left - done_steps) % rt.scheduler_steps
                         continue
                 else:
+                    if spec_absorbs:
+                        done_steps = yield from self._spec_absorbing_run()
+                        if done_steps:
+                            decode_left = (decode_left - done_steps) % rt.scheduler_steps
+                            continue
                     done_steps = yield from self._spec_run()
                     if done_steps:
                         decode_left = (decode_left - done_steps) % rt.scheduler_steps
@@ -1656,6 +1662,297 @@ class Replica:
             rows[:, 14] = draft if isinstance(draft, float) else draft[:steps]
             rows[:, 15] = g.over[:steps]
         return steps_all
+
+    def _spec_absorbing_run(self) -> Generator[simpy.Event, Any, int]:
+        """A fused run of speculative steps that goes on through completions and through the
+        arrivals that reach this replica (where `_absorbing_run` may: `_absorbs`), for every policy
+        that does not re-choose k from acceptance estimates (all but adaptive); returns its steps
+        (0: none planned, and nothing, the RNG included, has changed).
+
+        Planned by `_plan_spec_absorbing`: decode segments exactly as `_spec_run` plans them
+        (`_plan_spec_segment`, bounded by the next arrival that reaches this replica), and, after a
+        step during which requests arrived, the mixed step the ordinary loop takes: every running
+        sequence speculates (its KV reservation, its uniforms, its capped tokens), the arrivals are
+        admitted FCFS and prefilled whole in the budget left, priced by `_spec_cost` with the
+        ordinary step's arguments. Applied when the timeout fires, as `_absorbing_run` applies its
+        plan: admissions from the waiting queue, completions with their counters, the slot arrays
+        (the run's first sequences, then the admitted ones) and the step rows."""
+        plan = self._plan_spec_absorbing()
+        if plan is None:
+            return 0
+        end_s, steps, rows, done, admitted, ent, free = plan
+        self._taken = [start for _, start, _ in admitted]
+        yield self.env.timeout(end_s - self.env.now)
+        self._taken = []
+        reqs = self.reqs
+        for rid, start, _ in admitted:
+            got = self.waiting.popleft()
+            assert got == rid, (got, rid)
+            if math.isnan(reqs.scheduled[rid]):
+                reqs.scheduled[rid] = start
+        if admitted:
+            reqs.first_token[np.array([r for r, _, _ in admitted], dtype=np.int64)] = np.array([f for _, _, f in admitted])
+        C, R, RID, A, TGT, PROP, ACC, VER, VEM, active = ent
+        if done:
+            es = [e for e, _ in done]
+            g = np.array([RID[e] for e in es], dtype=np.int64)
+            reqs.completion[g] = np.array([t for _, t in done])
+            reqs.generated[g] = reqs.output[g]  # a finished request has generated its whole output
+            reqs.proposed[g] = [PROP[e] for e in es]
+            reqs.accepted[g] = [ACC[e] for e in es]
+            reqs.verify_steps[g] = [VER[e] for e in es]
+            reqs.verify_emitted[g] = [VEM[e] for e in es]
+            reqs.n_done += len(es)
+        m = len(active)
+        self._ints[:, :m] = 0
+        if m:
+            ra = np.array([RID[e] for e in active], dtype=np.int64)
+            cm = np.array([C[e] for e in active], dtype=np.int64)
+            self.rid[:m] = ra
+            self.computed[:m] = cm
+            self.blocks[:m] = (cm + (BLOCK_SIZE - 1)) // BLOCK_SIZE
+            self.target[:m] = [TGT[e] for e in active]
+            self.out[:m] = reqs.output[ra]
+            self.gen[:m] = self.out[:m] - np.array([R[e] for e in active], dtype=np.int64)
+            self.acc[:m] = [A[e] for e in active]
+            self.n_prop[:m] = [PROP[e] for e in active]
+            self.n_acc[:m] = [ACC[e] for e in active]
+            self.n_verify[:m] = [VER[e] for e in active]
+            self.n_vemit[:m] = [VEM[e] for e in active]
+        self.n_running = m
+        self.free_blocks = free
+        if rows[-1][10] < 0:  # its waiting count left to the queue (the run ends there)
+            rows[-1] = (*rows[-1][:10], len(self.waiting), *rows[-1][11:])
+        self.log.extend(rows)
+        return steps
+
+    def _plan_spec_absorbing(self) -> tuple[Any, ...] | None:
+        """The plan of `_spec_absorbing_run` (see there), or None when it cannot start now: nothing
+        runs and nothing waits, a partial prefill, KV blocks beyond what the contexts hold, a
+        waiting request that cannot be admitted or was preempted, or no piece possible. The run
+        stops, before the piece that would break a rule, where the ordinary loop must decide: a
+        request that cannot be admitted and prefilled whole in its step, a step that would have to
+        preempt, a metric window boundary (cut), an arrival within NEAR of a step boundary, an
+        idle replica, the end bound or FUSE_MAX_PIECES pieces."""
+        rt, fb, reqs = self.rt, self.fuse, self.reqs
+        spec = rt.spec
+        assert spec is not None and fb is not None and fb.routing is not None
+        n = self.n_running
+        waiting = self.waiting
+        if n == 0 and not waiting:
+            return None
+        max_seqs = rt.max_num_seqs
+        if waiting and (n >= max_seqs or self.free_blocks <= 0):
+            return None
+        B = BLOCK_SIZE
+        c0 = self.computed[:n]
+        if n and ((c0 < self.target[:n]).any() or (self.blocks[:n] != (c0 + (B - 1)) // B).any()):
+            return None
+        pending: list[int] = list(waiting)  # admitted at the next step, FCFS
+        if pending and (len(pending) > max_seqs or reqs.generated[pending].any()):
+            return None  # more than the slots, or a preempted request (recompute): the ordinary loop
+        # the entries (the run's sequences, then the admitted ones): context, tokens left, request,
+        # acceptance, prefill target and draft counters; `active`: the running ones in slot order
+        C: list[int] = c0.tolist()
+        R: list[int] = (self.out[:n] - self.gen[:n]).tolist()
+        RID: list[int] = self.rid[:n].tolist()
+        A: list[float] = self.acc[:n].tolist()
+        TGT: list[int] = self.target[:n].tolist()
+        PROP: list[int] = self.n_prop[:n].tolist()
+        ACC: list[int] = self.n_acc[:n].tolist()
+        VER: list[int] = self.n_verify[:n].tolist()
+        VEM: list[int] = self.n_vemit[:n].tolist()
+        active = list(range(n))
+        queued = fb.times()
+        nq = len(queued)
+        stride = len(fb.routing[1])
+        g = fb.next_index
+        j = g + (self.idx - g) % stride  # the next arrival that reaches this replica
+        t = self.env.now
+        _, end_bound = fb.next_s(t, self.idx)
+        num_blocks = rt.plan.num_blocks
+        budget_max, chunked = rt.max_num_batched_tokens, rt.chunked_prefill
+        free = self.free_blocks
+        held = sum((x + (B - 1)) // B for x in C)
+        idx = self.idx
+        policy, k_max, decay = spec.policy, spec.k, spec.decay
+        fixed_k = (k_max if self.speculating else 0) if policy == "follow_load" else k_max
+        rows: list[tuple[float, ...]] = []
+        done: list[tuple[int, float]] = []  # (entry, completion time), in the order they leave
+        admitted: list[tuple[int, float, float]] = []
+        steps = pieces = 0
+        min_steps = 2
+        cut = fb.next_cut_s(t)
+        while pieces < FUSE_MAX_PIECES and t < cut:
+            # (a cut ends the run: speculation that follows the load may switch there)
+            n = len(active)
+            k = (0 if n > spec.disable_batch_size else k_max) if policy == "disable_above_batch" else fixed_k
+            q = k + 1
+            if not pending:
+                # ---- a decode segment from time t, as `_spec_run` plans it
+                if not n:
+                    break
+                arr_s = queued[j] * (1.0 - 1e-15) if j < nq else math.inf
+                bound = arr_s if arr_s < cut else cut
+                seg = self._plan_spec_segment(t, np.array([C[e] for e in active], dtype=np.int64),
+                                              np.array([R[e] for e in active], dtype=np.int64),
+                                              np.array([A[e] for e in active]), k, free, held, bound, end_bound,
+                                              min_steps)
+                if seg is None:
+                    break
+                st = seg.steps
+                other = num_blocks - free - held  # blocks neither free nor held by a running sequence
+                got = seg.got.tolist()
+                acc_sum = seg.acc_sum.tolist() if seg.acc_sum is not None else None
+                for pos, e in enumerate(active):
+                    x = got[pos]
+                    C[e] += x
+                    R[e] -= x
+                    if acc_sum is not None:
+                        PROP[e] += k * st
+                        ACC[e] += acc_sum[pos]
+                        VER[e] += st
+                        VEM[e] += x
+                free -= seg.held_all - held
+                held = seg.held_all
+                t = seg.end_s
+                if seg.finishing:
+                    keep = []
+                    for e in active:
+                        if R[e] <= 0:
+                            done.append((e, t))
+                        else:
+                            keep.append(e)
+                    active = keep
+                    free += seg.held_gone
+                    held -= seg.held_gone
+                split = t >= bound
+                waits, stop = 0, False
+                if split:
+                    j, waits, stop = self._arrived(queued, j, stride, t, pending)
+                starts, total, per_step = seg.starts.tolist(), seg.total.tolist(), seg.per_step.tolist()
+                target, over = seg.target.tolist(), seg.over.tolist()
+                flops, nbytes = seg.flops.tolist(), seg.nbytes.tolist()
+                draft = seg.draft.tolist() if isinstance(seg.draft, np.ndarray) else [seg.draft] * st
+                used = (seg.held_after + other).tolist()
+                used.append(num_blocks - free)
+                for s_ in range(st):
+                    rows.append((idx, starts[s_], total[s_], n, n, 0.0, n * q, per_step[s_], k, used[s_],
+                                 0 if s_ < st - 1 else (-1 if stop else waits), flops[s_], nbytes[s_], target[s_],
+                                 draft[s_], over[s_], total[s_], 1, 0.0))
+                steps += st
+                pieces += 1
+                min_steps = 1
+                if stop or (not active and not pending) or t >= end_bound:
+                    break
+                if not pending and (split or not seg.finishing):
+                    break  # a cut, the KV blocks or the longest segment planned at once ended it
+                continue
+            # ---- the mixed step at time t admitting the `pending` requests (the ordinary step's rules)
+            if q == 1:
+                need = sum([(C[e] + B) // B for e in active]) - held
+            else:
+                need = sum([(C[e] + (q if q < R[e] else R[e]) + (B - 1)) // B for e in active]) - held
+            if need > free:
+                break  # it would preempt: the ordinary loop
+            free2 = free - need
+            full = budget = budget_max - n * q
+            running = n
+            chunks: list[int] = []
+            for rid in pending:
+                if not (budget > 0 and running < max_seqs and free2 > 0):
+                    break
+                tokens = int(reqs.prompt[rid])
+                nb = -(-tokens // B)
+                if tokens <= 0 or nb > free2 or (tokens > budget and (chunked or budget != full)):
+                    break  # a chunk of it, or it waits: the ordinary loop decides
+                chunks.append(tokens)
+                budget -= tokens
+                free2 -= nb
+                running += 1
+            n_pre = len(chunks)
+            if n_pre < len(pending):
+                break
+            if n_pre == 1:  # as the ordinary step sums one chunk
+                pre_tokens = float(chunks[0])
+                pre_ctx = 0.0
+                pre_pairs = pre_tokens * pre_ctx + 0.5 * (pre_tokens * (pre_tokens + 1.0))
+            else:
+                ch = np.asarray(chunks, dtype=np.float64)
+                pre_ctx_arr = np.zeros(n_pre)
+                pre_tokens = float(ch.sum())
+                pre_ctx = float(pre_ctx_arr.sum())
+                pre_pairs = float((ch * pre_ctx_arr).sum() + 0.5 * (ch * (ch + 1.0)).sum())
+            ctx_dec = float(sum([C[e] for e in active])) if n else 0.0
+            total_s, target_s, draft_s, over_s, flops_s, nbytes_s = self._spec_cost(
+                n, ctx_dec, k, n_pre, pre_tokens, pre_ctx, pre_pairs, None)
+            end = t + total_s
+            if end >= end_bound:
+                break
+            step_rids, pending = pending, []
+            j, waits, near = self._arrived(queued, j, stride, end, pending)
+            if near:  # an arrival at its end: which comes first is SimPy's
+                break
+            # the step is taken: the decoding sequences' outcomes, then the admissions
+            emitted = 0
+            if n and k:
+                accepted = sample_accepted(self.rng, np.array([A[e] for e in active]), k, decay).tolist()
+                for pos, e in enumerate(active):
+                    a = accepted[pos]
+                    x = a + 1 if a + 1 < R[e] else R[e]
+                    PROP[e] += k
+                    ACC[e] += a
+                    VER[e] += 1
+                    VEM[e] += x
+                    C[e] += x
+                    R[e] -= x
+                    emitted += x
+            else:
+                for e in active:
+                    C[e] += 1
+                    R[e] -= 1
+                emitted = n
+            held2 = sum([(C[e] + (B - 1)) // B for e in active])
+            free -= held2 - held
+            held = held2
+            for rid, chunk in zip(step_rids, chunks, strict=True):
+                e = len(C)
+                C.append(chunk)
+                R.append(int(reqs.output[rid]) - 1)  # its first token, sampled at the end of its prefill
+                RID.append(rid)
+                A.append(float(reqs.acceptance[rid]))
+                TGT.append(chunk)
+                PROP.append(0)
+                ACC.append(0)
+                VER.append(0)
+                VEM.append(0)
+                active.append(e)
+                nb = -(-chunk // B)
+                free -= nb
+                held += nb
+                admitted.append((rid, t, end))
+            emitted += n_pre
+            t_start, t = t, end
+            keep = []
+            for e in active:
+                if R[e] <= 0:
+                    done.append((e, t))
+                    nb = (C[e] + (B - 1)) // B
+                    free += nb
+                    held -= nb
+                else:
+                    keep.append(e)
+            active = keep
+            rows.append((idx, t_start, total_s, n + n_pre, n, pre_tokens, n * q, emitted, k, num_blocks - free, waits,
+                         flops_s, nbytes_s, target_s, draft_s, over_s, total_s if n else 0.0, 1, 0.0))
+            steps += 1
+            pieces += 1
+            min_steps = 1
+            if (not active and not pending) or t >= end_bound:
+                break
+        if not rows:
+            return None
+        return t, steps, rows, done, admitted, (C, R, RID, A, TGT, PROP, ACC, VER, VEM, active), free
 
     def _plan_spec_segment(self, now: float, c: np.ndarray, rem: np.ndarray, acc_rate: np.ndarray, k: int,
                            free: int, held_sum: int, bound: float, end_bound: float,
