@@ -67,6 +67,8 @@ SPEC_SCALAR_STEPS = 24
 # a fused speculative segment of at most this many sequences is planned step by step in scalars
 # (`Replica._plan_spec_scalar`), drawing its uniforms this many steps at a time
 SPEC_SCALAR_SEQS = 32
+# a speculative run admitting arrivals (`Replica._spec_absorbing_run`) plans at most this many sequences
+SPEC_ABSORB_SEQS = 64
 SPEC_SCALAR_CHUNK = 16
 
 
@@ -361,6 +363,7 @@ class Requests:
         self.n_done = 0  # requests completed so far
         self.requeued = 0  # preemptions so far (each puts a request back in a waiting queue)
         self.on_complete: Callable[[int], None] | None = None  # closed loop: told how many just completed
+        self.closed: Any = None  # a closed loop whose sends a fused run may plan (sim.run.ClosedLoop)
         # prefix caching (sim/prefix_cache.py): None when no request carries block hashes. Request r's
         # units are unit_key[unit_off[r]:unit_off[r + 1]]; unit_cum holds, per unit, the KV blocks of
         # the request's stream up to and including it (cumulative within the request)
@@ -384,6 +387,64 @@ class Requests:
         cum = np.cumsum(self.unit_nb)
         base = np.concatenate([[0], cum])[self.unit_off[:-1]]  # blocks before each request's first unit
         self.unit_cum = cum - np.repeat(base, lens)
+
+
+class SendFeed:
+    """The closed-loop sends a fused run plans itself (one replica; `Replica._absorbs`): each
+    completion sends the table's next request at once (`sim.run.ClosedLoop`), which reaches the
+    queue after the frontend's latency, or at once without one (then it waits for the next step,
+    as the closed loop submits it inside the completing step's end). `times`/`rids`: the sends on
+    their way to the queue, those already in flight when the run starts first; `sent`: the sends
+    the run made, (request, send time); `exhausted`: a completion found the table sent out (the run
+    ends there, so the done-watcher never misses the last completion)."""
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+        self.times: list[float] = [t for t, _ in loop.inflight]
+        self.rids: list[int] = [r for _, r in loop.inflight]
+        self.ahead = len(self.rids)  # sends in flight at the start (their processes will queue them)
+        self.f = float(loop.frontend_s)
+        self.next = int(loop.next)
+        self.total = int(loop.reqs.arrival.size)
+        self.sent: list[tuple[int, float]] = []
+        self.exhausted = False
+
+    def complete(self, t: float, count: int, pending: list[int]) -> int:
+        """`count` completions at time t send as many requests; returns how many went straight
+        to `pending` (no frontend latency)."""
+        now = 0
+        for _ in range(count):
+            if self.next >= self.total:
+                self.exhausted = True
+                break
+            rid = self.next
+            self.next += 1
+            self.sent.append((rid, t))
+            if self.f > 0:
+                self.times.append(t + self.f)
+                self.rids.append(rid)
+            else:
+                pending.append(rid)
+                now += 1
+        return now
+
+    def commit(self, replica: Replica, admitted: set[int], end_s: float) -> None:
+        """The run's sends, once its timeout fired: their send times, the loop's counters, and
+        each one the run did not admit queued (it reached the queue by the run's end) or sent on
+        its way through the frontend."""
+        loop, reqs = self.loop, replica.reqs
+        loop.next = self.next
+        for rid, t in self.sent:
+            reqs.arrival[rid] = t
+            q = t + self.f if self.f > 0 else t
+            if rid in admitted:
+                reqs.replica[rid] = replica.idx
+                loop.rr += 1
+            elif q <= end_s:
+                replica.submit(rid)
+                loop.rr += 1
+            else:
+                loop.enqueue_at(rid, q)
 
 
 class Replica:
@@ -854,8 +915,10 @@ class Replica:
                 yield self.wakeup
                 self.idle = False
             if self.fuse is not None and stalled_s == 0.0:
+                # (a run admitting arrivals admits every request waiting at its start, or none starts)
+                room = not self.waiting or self.n_running + len(self.waiting) <= rt.max_num_seqs
                 if spec is None:
-                    if absorbs:
+                    if absorbs and room:
                         done_steps = yield from self._absorbing_run()
                         if done_steps:
                             decode_left = (decode_left - done_steps) % rt.scheduler_steps
@@ -866,7 +929,7 @@ class Replica:
                         decode_left = (decode_left - done_steps) % rt.scheduler_steps
                         continue
                 else:
-                    if spec_absorbs:
+                    if spec_absorbs and room and self.n_running <= SPEC_ABSORB_SEQS:
                         done_steps = yield from self._spec_absorbing_run()
                         if done_steps:
                             decode_left = (decode_left - done_steps) % rt.scheduler_steps
@@ -1127,7 +1190,12 @@ class Replica:
         planning that costs as much as the ordinary step it replaces (measured: the default mix on
         two replicas 25% slower), so least outstanding keeps `_plan_run`."""
         fb = self.fuse
-        if fb is None or fb.routing is None or self.rt.prefill == "separate" or not self._chains():
+        if fb is None or self.rt.prefill == "separate":
+            return False
+        loop = self.reqs.closed
+        if not fb.arrivals:  # a closed loop of one replica: the run plans the sends (`SendFeed`)
+            return loop is not None and self.cache is None and self.reqs.on_complete == loop._completed
+        if fb.routing is None or not self._chains():
             return False
         _, reps, _, router = fb.routing
         return len(reps) == 1 or router == "round_robin"
@@ -1149,7 +1217,7 @@ class Replica:
         plan = self._plan_absorbing()
         if plan is None:
             return 0
-        end_s, steps, rows, (done, gone), admitted, entries, s_end, free = plan
+        end_s, steps, rows, (done, gone), admitted, entries, s_end, free, feed = plan
         # (the completions inside the run are not shown to `outstanding` while it is in flight, as
         # `_fused_run` shows them: with one replica or round robin no router reads it); the
         # admissions are, to `queued` (the backlog limit counts the requests waiting)
@@ -1157,14 +1225,7 @@ class Replica:
         yield self.env.timeout(end_s - self.env.now)
         self._taken = []
         reqs = self.reqs
-        for rid, start, _ in admitted:
-            got = self.waiting.popleft()
-            assert got == rid, (got, rid)
-            if math.isnan(reqs.scheduled[rid]):
-                reqs.scheduled[rid] = start
-        if admitted:
-            a = np.array([r for r, _, _ in admitted], dtype=np.int64)
-            reqs.first_token[a] = np.array([f for _, _, f in admitted])
+        self._take_admitted(admitted, feed)
         base, fin, rids, alive = entries
         n0 = self.n_running
         if done:
@@ -1192,10 +1253,28 @@ class Replica:
             self.gen[:m] = self.out[:m] - (np.array(fin, dtype=np.int64)[live] - s_end)
         self.n_running = m
         self.free_blocks = free
+        if feed is not None:
+            feed.commit(self, {r for r, _, _ in admitted}, end_s)
         if rows[-1][10] < 0:  # its waiting count left to the queue (the run ends there)
             rows[-1] = (*rows[-1][:10], len(self.waiting), *rows[-1][11:])
         self.log.extend(rows)
         return steps
+
+    def _take_admitted(self, admitted: list[tuple[int, float, float]], feed: SendFeed | None) -> None:
+        """A run's admissions, once its timeout fired: taken from the waiting queue (where the
+        arrival process, or the closed loop's frontend, put them; a send the run planned is not
+        there), with their schedule and first-token times."""
+        reqs = self.reqs
+        planned = {r for r, _ in feed.sent} if feed is not None else ()
+        for rid, start, _ in admitted:
+            if rid not in planned:
+                got = self.waiting.popleft()
+                assert got == rid, (got, rid)
+            if math.isnan(reqs.scheduled[rid]):
+                reqs.scheduled[rid] = start
+        if admitted:
+            a = np.array([r for r, _, _ in admitted], dtype=np.int64)
+            reqs.first_token[a] = np.array([f for _, _, f in admitted])
 
     @staticmethod
     def _leave_planned(heap: list[tuple[int, int]], S: int, t: float, base: list[int], hist: list[int],
@@ -1230,27 +1309,22 @@ class Replica:
         waiting = self.waiting
         if n == 0 and not waiting:
             return None
-        if waiting and (n >= self.rt.max_num_seqs or self.free_blocks <= 0):
-            return None  # nothing can be admitted: `_plan_run`'s runs with requests waiting
+        if waiting and (n + len(waiting) > self.rt.max_num_seqs or self.free_blocks <= 0):
+            return None  # not all of them can be admitted: `_plan_run`'s runs with requests waiting
         c0 = self.computed[:n]
         B = BLOCK_SIZE
         if n and ((c0 < self.target[:n]).any()
                   or int(self.blocks[:n].sum()) != int(((c0 + (B - 1)) // B).sum())):
             return None
         fb, rt, reqs = self.fuse, self.rt, self.reqs
-        assert fb is not None and fb.routing is not None
+        assert fb is not None
         pending: list[int] = list(waiting)  # admitted at the next step, FCFS
         if pending and (len(pending) > rt.max_num_seqs or reqs.generated[pending].any()):
             return None  # more than the slots, or a preempted request (recompute): the ordinary loop
         rem0 = self.out[:n] - self.gen[:n]
         cost = rt.cost
         plain, tp = rt.spec is None, cost.tp
-        reps = fb.routing[1]
-        queued = fb.times()
-        nq = len(queued)
-        stride = len(reps)
-        g = fb.next_index
-        j = g + (self.idx - g) % stride  # the next arrival that reaches this replica
+        feed, queued, stride, j = self._arrival_source()
         t = self.env.now
         _, end_bound = fb.next_s(t, self.idx)
         num_blocks = rt.plan.num_blocks
@@ -1281,7 +1355,7 @@ class Replica:
                 d0 = cost.decode_s(n, ctx0)
                 if t >= cut:
                     cut = fb.next_cut_s(t)
-                arr_s = queued[j] * (1.0 - 1e-15) if j < nq else math.inf
+                arr_s = queued[j] * (1.0 - 1e-15) if j < len(queued) else math.inf
                 bound = arr_s if arr_s < cut else cut
                 limit = bound if bound < end_bound else end_bound
                 mm = min(m_fin, FUSE_MAX_STEPS, int((limit - t) / d0) + 2)
@@ -1323,23 +1397,31 @@ class Replica:
                 steps += k
                 t_prev, t = t, end
                 n_seg = n
+                sends = 0
                 if heap[0][0] == S:
+                    n0_ = len(gone)
                     n, free, sum_base = self._leave_planned(heap, S, t, base, hist, alive, done, gone, n, free,
                                                             sum_base)
+                    if feed is not None:
+                        sends = feed.complete(t, len(gone) - n0_, pending)
                 used = num_blocks - free
                 stop = False
                 waits = 0
-                if split:
-                    j, waits, stop = self._arrived(queued, j, stride, t, pending)
+                if split or sends:  # (its last step logs the requests waiting at its end: a row of its own)
+                    if split:
+                        a0 = len(pending)
+                        j, waits, stop = self._arrived(queued, j, stride, t, pending)
+                        if feed is not None and waits:
+                            pending[a0:] = [feed.rids[x] for x in pending[a0:]]
                     if k > 1:
                         rows.append(self._run_row(t_prev, k - 1, d0, slope, n_seg, ctx0, used0 + but_last, 0))
                     rows.append(self._run_row(t_prev + (a1 + b1), 1, d0 + (k - 1) * slope, 0.0, n_seg,
-                                              ctx0 + (k - 1) * n_seg, used, -1 if stop else waits))
+                                              ctx0 + (k - 1) * n_seg, used, -1 if stop else waits + sends))
                 else:
-                    rows.append(self._run_row(t_prev, k, d0, slope, n_seg, ctx0, used, 0))
+                    rows.append(self._run_row(t_prev, k, d0, slope, n_seg, ctx0, used, sends))
                 pieces += 1
                 min_steps = 1
-                if stop or n == 0 or t >= end_bound:
+                if stop or (n == 0 and not pending) or t >= end_bound or (feed is not None and feed.exhausted):
                     break
                 if not pending and (split or k != m_fin):
                     break  # a cut, the KV blocks or the longest segment planned at once ended it
@@ -1393,6 +1475,8 @@ class Replica:
             j, waits, near = self._arrived(queued, j, stride, end, pending)
             if near:  # an arrival at its end: which comes first is SimPy's
                 break
+            if feed is not None and waits:
+                pending = [feed.rids[x] for x in pending]
             # the step is taken: admissions, one token each, completions
             free = free2
             n_dec = n
@@ -1413,18 +1497,37 @@ class Replica:
             S += 1
             steps += 1
             t_start, t = t, end
+            sends = 0
             if heap[0][0] == S:
+                n0_ = len(gone)
                 n, free, sum_base = self._leave_planned(heap, S, t, base, hist, alive, done, gone, n, free, sum_base)
+                if feed is not None:
+                    sends = feed.complete(t, len(gone) - n0_, pending)
             rows.append((self.idx, t_start, total_s, n_dec + n_pre, n_dec, pre_tokens, n_dec, n_dec + n_pre, 0,
-                         num_blocks - free, waits, flops, nbytes, target_s, 0.0, over_s,
+                         num_blocks - free, waits + sends, flops, nbytes, target_s, 0.0, over_s,
                          total_s if n_dec else 0.0, 1, 0.0))
             pieces += 1
             min_steps = 1
-            if n == 0 or t >= end_bound:
+            if (n == 0 and not pending) or t >= end_bound or (feed is not None and feed.exhausted):
                 break
         if not rows:
             return None
-        return t, steps, rows, (done, gone), admitted, (base, fin, rids, alive), S, free
+        return t, steps, rows, (done, gone), admitted, (base, fin, rids, alive), S, free, feed
+
+    def _arrival_source(self) -> tuple[SendFeed | None, list[float], int, int]:
+        """Where a run admitting arrivals finds them: (the closed loop's planned sends or None,
+        the times requests reach the queue, the stride between this replica's, the first one's
+        index). Open loop: the request table's queued times, every `stride`-th from this
+        replica's next (round robin); closed loop: the sends (`SendFeed`)."""
+        fb = self.fuse
+        assert fb is not None
+        if not fb.arrivals:
+            feed = SendFeed(self.reqs.closed)
+            return feed, feed.times, 1, 0
+        assert fb.routing is not None
+        stride = len(fb.routing[1])
+        g = fb.next_index
+        return None, fb.times(), stride, g + (self.idx - g) % stride  # the next arrival that reaches this replica
 
     @staticmethod
     def _arrived(queued: list[float], j: int, stride: int, t: float, pending: list[int]) -> tuple[int, int, bool]:
@@ -1680,18 +1783,12 @@ class Replica:
         plan = self._plan_spec_absorbing()
         if plan is None:
             return 0
-        end_s, steps, rows, done, admitted, ent, free = plan
+        end_s, steps, rows, done, admitted, ent, free, feed = plan
         self._taken = [start for _, start, _ in admitted]
         yield self.env.timeout(end_s - self.env.now)
         self._taken = []
         reqs = self.reqs
-        for rid, start, _ in admitted:
-            got = self.waiting.popleft()
-            assert got == rid, (got, rid)
-            if math.isnan(reqs.scheduled[rid]):
-                reqs.scheduled[rid] = start
-        if admitted:
-            reqs.first_token[np.array([r for r, _, _ in admitted], dtype=np.int64)] = np.array([f for _, _, f in admitted])
+        self._take_admitted(admitted, feed)
         C, R, RID, A, TGT, PROP, ACC, VER, VEM, active = ent
         if done:
             es = [e for e, _ in done]
@@ -1721,6 +1818,8 @@ class Replica:
             self.n_vemit[:m] = [VEM[e] for e in active]
         self.n_running = m
         self.free_blocks = free
+        if feed is not None:
+            feed.commit(self, {r for r, _, _ in admitted}, end_s)
         if rows[-1][10] < 0:  # its waiting count left to the queue (the run ends there)
             rows[-1] = (*rows[-1][:10], len(self.waiting), *rows[-1][11:])
         self.log.extend(rows)
@@ -1736,14 +1835,14 @@ class Replica:
         idle replica, the end bound or FUSE_MAX_PIECES pieces."""
         rt, fb, reqs = self.rt, self.fuse, self.reqs
         spec = rt.spec
-        assert spec is not None and fb is not None and fb.routing is not None
+        assert spec is not None and fb is not None
         n = self.n_running
         waiting = self.waiting
         if n == 0 and not waiting:
             return None
         max_seqs = rt.max_num_seqs
-        if waiting and (n >= max_seqs or self.free_blocks <= 0):
-            return None
+        if n > SPEC_ABSORB_SEQS or (waiting and (n + len(waiting) > max_seqs or self.free_blocks <= 0)):
+            return None  # a large batch (numpy's arrays are cheaper there), or not all waiting can be admitted
         B = BLOCK_SIZE
         c0 = self.computed[:n]
         if n and ((c0 < self.target[:n]).any() or (self.blocks[:n] != (c0 + (B - 1)) // B).any()):
@@ -1763,11 +1862,7 @@ class Replica:
         VER: list[int] = self.n_verify[:n].tolist()
         VEM: list[int] = self.n_vemit[:n].tolist()
         active = list(range(n))
-        queued = fb.times()
-        nq = len(queued)
-        stride = len(fb.routing[1])
-        g = fb.next_index
-        j = g + (self.idx - g) % stride  # the next arrival that reaches this replica
+        feed, queued, stride, j = self._arrival_source()
         t = self.env.now
         _, end_bound = fb.next_s(t, self.idx)
         num_blocks = rt.plan.num_blocks
@@ -1782,17 +1877,20 @@ class Replica:
         admitted: list[tuple[int, float, float]] = []
         steps = pieces = 0
         min_steps = 2
-        cut = fb.next_cut_s(t)
+        # step rows are one per step, so metric windows need no cut; speculation that follows the load
+        # may switch at one (a FollowLoad tick): there the run ends
+        cut = fb.next_cut_s(t) if policy == "follow_load" else math.inf
         while pieces < FUSE_MAX_PIECES and t < cut:
-            # (a cut ends the run: speculation that follows the load may switch there)
             n = len(active)
+            if n > SPEC_ABSORB_SEQS:
+                break
             k = (0 if n > spec.disable_batch_size else k_max) if policy == "disable_above_batch" else fixed_k
             q = k + 1
             if not pending:
                 # ---- a decode segment from time t, as `_spec_run` plans it
                 if not n:
                     break
-                arr_s = queued[j] * (1.0 - 1e-15) if j < nq else math.inf
+                arr_s = queued[j] * (1.0 - 1e-15) if j < len(queued) else math.inf
                 bound = arr_s if arr_s < cut else cut
                 seg = self._plan_spec_segment(t, np.array([C[e] for e in active], dtype=np.int64),
                                               np.array([R[e] for e in active], dtype=np.int64),
@@ -1816,6 +1914,7 @@ class Replica:
                 free -= seg.held_all - held
                 held = seg.held_all
                 t = seg.end_s
+                sends = 0
                 if seg.finishing:
                     keep = []
                     for e in active:
@@ -1823,13 +1922,18 @@ class Replica:
                             done.append((e, t))
                         else:
                             keep.append(e)
+                    if feed is not None:
+                        sends = feed.complete(t, len(active) - len(keep), pending)
                     active = keep
                     free += seg.held_gone
                     held -= seg.held_gone
                 split = t >= bound
                 waits, stop = 0, False
                 if split:
+                    a0 = len(pending)
                     j, waits, stop = self._arrived(queued, j, stride, t, pending)
+                    if feed is not None and waits:
+                        pending[a0:] = [feed.rids[x] for x in pending[a0:]]
                 starts, total, per_step = seg.starts.tolist(), seg.total.tolist(), seg.per_step.tolist()
                 target, over = seg.target.tolist(), seg.over.tolist()
                 flops, nbytes = seg.flops.tolist(), seg.nbytes.tolist()
@@ -1838,12 +1942,12 @@ class Replica:
                 used.append(num_blocks - free)
                 for s_ in range(st):
                     rows.append((idx, starts[s_], total[s_], n, n, 0.0, n * q, per_step[s_], k, used[s_],
-                                 0 if s_ < st - 1 else (-1 if stop else waits), flops[s_], nbytes[s_], target[s_],
-                                 draft[s_], over[s_], total[s_], 1, 0.0))
+                                 0 if s_ < st - 1 else (-1 if stop else waits + sends), flops[s_], nbytes[s_],
+                                 target[s_], draft[s_], over[s_], total[s_], 1, 0.0))
                 steps += st
                 pieces += 1
                 min_steps = 1
-                if stop or (not active and not pending) or t >= end_bound:
+                if stop or (not active and not pending) or t >= end_bound or (feed is not None and feed.exhausted):
                     break
                 if not pending and (split or not seg.finishing):
                     break  # a cut, the KV blocks or the longest segment planned at once ended it
@@ -1893,6 +1997,8 @@ class Replica:
             j, waits, near = self._arrived(queued, j, stride, end, pending)
             if near:  # an arrival at its end: which comes first is SimPy's
                 break
+            if feed is not None and waits:
+                pending = [feed.rids[x] for x in pending]
             # the step is taken: the decoding sequences' outcomes, then the admissions
             emitted = 0
             if n and k:
@@ -1942,17 +2048,18 @@ class Replica:
                     held -= nb
                 else:
                     keep.append(e)
+            sends = feed.complete(t, len(active) - len(keep), pending) if feed is not None else 0
             active = keep
-            rows.append((idx, t_start, total_s, n + n_pre, n, pre_tokens, n * q, emitted, k, num_blocks - free, waits,
-                         flops_s, nbytes_s, target_s, draft_s, over_s, total_s if n else 0.0, 1, 0.0))
+            rows.append((idx, t_start, total_s, n + n_pre, n, pre_tokens, n * q, emitted, k, num_blocks - free,
+                         waits + sends, flops_s, nbytes_s, target_s, draft_s, over_s, total_s if n else 0.0, 1, 0.0))
             steps += 1
             pieces += 1
             min_steps = 1
-            if (not active and not pending) or t >= end_bound:
+            if (not active and not pending) or t >= end_bound or (feed is not None and feed.exhausted):
                 break
         if not rows:
             return None
-        return t, steps, rows, done, admitted, (C, R, RID, A, TGT, PROP, ACC, VER, VEM, active), free
+        return t, steps, rows, done, admitted, (C, R, RID, A, TGT, PROP, ACC, VER, VEM, active), free, feed
 
     def _plan_spec_segment(self, now: float, c: np.ndarray, rem: np.ndarray, acc_rate: np.ndarray, k: int,
                            free: int, held_sum: int, bound: float, end_bound: float,
@@ -2179,12 +2286,13 @@ class Replica:
     def _spec_step(self, n_dec: int, ctx: float, k: int) -> tuple[float, float, float, float, float, float]:
         """`_spec_cost` of one decode-only step (every sequence decoding, no prefill) at context
         sum `ctx`, in scalars with its operations in its order (bit-identical: the additions of
-        an empty prefill, x + 0.0, are x), each pass priced by `CostModel.pass_sums` (its
-        batch-only terms cached): a short fused run's steps cost less so than with numpy."""
+        an empty prefill, x + 0.0, are x), each pass priced as `CostModel.pass_sums` prices it, inline
+        from the terms that depend on the batch and k only (`_spec_step_parts`, cached per batch, k
+        and whether speculation is on): a short fused run's steps cost less so than with numpy."""
         key = (n_dec, k, self.speculating)
-        pr = self._step_parts.get(key)
-        if pr is None:
-            pr = self._step_parts[key] = self._spec_step_parts(n_dec, k)
+        pr: Any = self._step_parts.get(key)
+        if pr is None:  # (False: a sliding window, priced through `pass_sums`)
+            pr = self._step_parts[key] = self._spec_step_parts(n_dec, k) or False
         if pr:
             # pass_sums of each pass inline, its operations in its order: the target's verification
             # (context ctx, pairs ctx q + n q (q + 1) / 2), k draft passes at the mean draft context,

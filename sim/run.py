@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections import deque
 from collections.abc import Generator
 from typing import Any
 
@@ -118,7 +119,13 @@ class ClosedLoop:
         self.next = 0
         self.thinks = 0
         self.rr = 0
+        # sends on their way through the frontend, in order: (time they reach the queue, request)
+        self.inflight: deque[tuple[float, int]] = deque()
         reqs.on_complete = self._completed
+        # one replica, each completion sending the table's next request at once: a fused run may
+        # plan the sends itself (sim/engine.py, `Replica._absorbs`)
+        reqs.closed = self if (think_s is None and not_before is None and until_s == np.inf
+                               and len(replicas) == 1) else None
         for _ in range(concurrency):  # all clients send at t = 0
             self._send()
 
@@ -135,6 +142,7 @@ class ClosedLoop:
     def _submit(self, i: int) -> None:
         self.reqs.arrival[i] = self.env.now
         if self.frontend_s > 0:  # the request reaches the engine's queue after the frontend
+            self.inflight.append((self.env.now + self.frontend_s, i))
             self.env.process(self._enqueue_after(i, self.frontend_s))
             return
         _route(self.replicas, self.router, self.rr, i).submit(i)
@@ -142,8 +150,16 @@ class ClosedLoop:
 
     def _enqueue_after(self, i: int, delay: float) -> Generator[simpy.Event, Any, None]:
         yield self.env.timeout(delay)
+        got = self.inflight.popleft()
+        assert got[1] == i, (got, i)
         _route(self.replicas, self.router, self.rr, i).submit(i)
         self.rr += 1
+
+    def enqueue_at(self, i: int, t: float) -> None:
+        """Request i, sent inside a fused run that planned the send, reaches the queue at time t
+        (after the run's end: through the frontend)."""
+        self.inflight.append((t, i))
+        self.env.process(self._enqueue_after(i, t - self.env.now))
 
     def _submit_at(self, i: int, t: float) -> Generator[simpy.Event, Any, None]:
         yield self.env.timeout(t - self.env.now)

@@ -131,6 +131,12 @@ _MATRIX = {
                                      workload={"rate_rps": 30.0, "duration_s": 40.0}, sim={"backlog_limit": 40}),
     "closed": dict(workload={"arrival": "closed", "concurrency": 12, "num_requests": 300, "rate_rps": None,
                              "duration_s": 60.0, "warmup_s": 20.0}),
+    # (no frontend latency: a completion's send waits for the next step; one client: the batch empties)
+    "closed-trtllm": dict(deployment={"engine": "trtllm", "max_num_batched_tokens": 1024},
+                          workload={"arrival": "closed", "concurrency": 10, "num_requests": 300, "rate_rps": None,
+                                    "duration_s": 60.0, "warmup_s": 20.0}),
+    "closed-one-client": dict(workload={"arrival": "closed", "concurrency": 1, "num_requests": 40, "rate_rps": None,
+                                        "duration_s": 60.0, "warmup_s": 5.0}),
     "closed-think-2-replicas": dict(rack={"gpu": "h100-sxm", "num_gpus": 8},
                                     workload={"arrival": "closed", "concurrency": 16, "num_requests": 300,
                                               "rate_rps": None, "think_time_s": {"dist": "exponential", "mean": 0.5}}),
@@ -220,15 +226,18 @@ def run_counter(monkeypatch):
 
 @pytest.mark.parametrize(("name", "chains", "admits"), [
     ("light", True, "during"), ("4-replicas-least", True, ""), ("2-replicas-rr", True, "during"),
-    ("no-chunked-prefill", True, "during"), ("separate", True, ""), ("closed", False, ""), ("gated", False, "")])
+    ("no-chunked-prefill", True, "during"), ("separate", True, ""), ("closed", True, "during"),
+    ("closed-trtllm", True, "during"), ("closed-think-2-replicas", False, ""), ("gated", False, "")])
 def test_runs_go_on_through_completions_and_arrivals_only_where_nothing_reacts(
         make_scenario, run_counter, name: str, chains: bool, admits: str) -> None:
     """Open loop: a run whose last step completes a sequence goes on with the smaller batch; with
     mixed prefill and one replica or round robin (the arrivals that reach a replica are known) a
     run also admits the requests waiting when it starts and those that arrive during it, in the
     mixed steps the unfused loop takes (exact: the matrix above); under least outstanding or with
-    separate prefill it admits nothing. A closed loop (a completion sends the next request, also
-    behind max_concurrency) ends the run at every completion and admits nothing."""
+    separate prefill it admits nothing. A closed loop of one replica whose clients send at once
+    (no think time, no arrival gate) plans the sends its completions make, so it goes on too; with
+    think times over two replicas, or behind max_concurrency (arrival times gate the sends), a
+    completion ends the run and the run admits nothing."""
     sc = make_scenario(**_MATRIX[name])
     sim = simulate(sc.with_overrides({"sim.fuse_steps": True}), 1)
     assert run_counter and (max(r["pieces"] for r in run_counter) > 1) == chains
@@ -278,6 +287,10 @@ _SPEC_MATRIX = {
     "2-replicas-least-backlog": dict(rack={"gpu": "h100-sxm", "num_gpus": 8}, deployment={"max_num_seqs": 8},
                                      speculative=_DRAFT, workload={"rate_rps": 20.0, "duration_s": 30.0},
                                      sim={"backlog_limit": 30}),
+    "closed-trtllm": dict(deployment={"engine": "trtllm"}, speculative={**_DRAFT, "policy": "disable_above_batch",
+                                                                        "disable_batch_size": 5},
+                          workload={"arrival": "closed", "concurrency": 8, "num_requests": 120, "rate_rps": None,
+                                    "duration_s": 60.0, "warmup_s": 10.0}),
     "closed": dict(speculative=_DRAFT, workload={"arrival": "closed", "concurrency": 8, "num_requests": 120,
                                                  "rate_rps": None, "duration_s": 60.0, "warmup_s": 10.0}),
 }
@@ -339,7 +352,7 @@ def test_speculative_fused_equals_unfused(make_scenario, spec_run_counter, name:
 
 @pytest.mark.parametrize(("name", "chains"), [("draft-fixed", True), ("2-replicas-rr", True), ("2-replicas-least", True),
                                            ("2-replicas-least-backlog", False), ("draft-disable-above-batch", True),
-                                           ("draft-adaptive", False), ("closed", False)])
+                                           ("draft-adaptive", False), ("closed", True), ("closed-trtllm", True)])
 def test_speculative_runs_go_on_through_completions_only_where_nothing_reacts(
         make_scenario, monkeypatch, name: str, chains: bool) -> None:
     """A speculative run whose segment ends with sequences finishing goes on with the smaller
