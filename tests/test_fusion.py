@@ -853,3 +853,18 @@ def test_fused_equals_unfused_at_a_backlog_stop_while_another_replica_preempts(m
     assert int(res[False][0].preemptions.sum()) > 0
     _same_requests(res[False][0], res[True][0])
     _same_steps(res[False][1], res[True][1])
+
+
+@pytest.mark.parametrize("spec", [None, _DRAFT], ids=["plain", "draft"])
+@pytest.mark.parametrize("engine", ["vllm-v1", "trtllm"])
+def test_closed_loop_capacity_is_the_unfused_engines(make_scenario, engine: str, spec: dict[str, Any] | None) -> None:
+    """Capacity's closed loops (one replica, each completion sends the next request: runs plan the
+    sends, with the frontend's latency on vLLM V1 and none on TensorRT-LLM) measure what the
+    unfused engine measures: throughput, tokens and mean batch to 1e-9, below and above the slots."""
+    from sim.capacity import closed_loop_throughput
+
+    sc = make_scenario(deployment={"engine": engine, "max_num_seqs": 24}, speculative=spec)
+    for n in (3, 20, 30):
+        got = [closed_loop_throughput(sc.with_overrides({"sim.fuse_steps": fuse}), n, 2, completions=300)
+               for fuse in (True, False)]
+        assert got[0] == pytest.approx(got[1], rel=1e-9), (n, got)
