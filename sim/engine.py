@@ -402,7 +402,6 @@ class SendFeed:
         self.loop = loop
         self.times: list[float] = [t for t, _ in loop.inflight]
         self.rids: list[int] = [r for _, r in loop.inflight]
-        self.ahead = len(self.rids)  # sends in flight at the start (their processes will queue them)
         self.f = float(loop.frontend_s)
         self.next = int(loop.next)
         self.total = int(loop.reqs.arrival.size)
@@ -1589,8 +1588,9 @@ class Replica:
         after = c + k
         ba = (after + (BLOCK_SIZE - 1)) // BLOCK_SIZE
         split = start(k) >= bound
-        # blocks held after the first k - 1 steps (the row of a split segment's first part)
-        but_last = int(((after + (BLOCK_SIZE - 2)) // BLOCK_SIZE).sum()) - held if split else 0
+        # blocks held after the first k - 1 steps (the row of a split segment's first part; a finishing
+        # one may be split too: `_fused_run`)
+        but_last = int(((after + (BLOCK_SIZE - 2)) // BLOCK_SIZE).sum()) - held if split or k == finish else 0
         return RunSegment(k, d0, slope, split, ctx0, k == finish, t, t + (k * d0 + slope * (k * (k - 1) / 2.0)),
                           after, ba, int(ba.sum()) - held, but_last)
 
@@ -1614,10 +1614,15 @@ class Replica:
             self.computed[:n] = seg.computed_after
             self.blocks[:n] = seg.blocks_after
             self.gen[:n] += k
+            sent = False
             if seg.finishing:
+                queued = len(self.waiting)
                 self._leave(seg.end_s, seg.stay)
+                # (a closed loop without frontend latency submits the next requests inside the
+                # completing step's end: that step logs them waiting, in a row of its own)
+                sent = len(self.waiting) != queued
             used_blocks = num_blocks - self.free_blocks
-            if seg.split:
+            if seg.split or sent:
                 if k > 1:
                     self._log_run(seg.start_s, k - 1, seg.d0, seg.slope, n, seg.ctx0,
                                   used0 + seg.new_blocks_but_last, waiting)
