@@ -1252,12 +1252,18 @@ class Replica:
             self.gen[:m] = self.out[:m] - (np.array(fin, dtype=np.int64)[live] - s_end)
         self.n_running = m
         self.free_blocks = free
+        self._end_absorbing(rows, admitted, feed, end_s)
+        return steps
+
+    def _end_absorbing(self, rows: list[tuple[float, ...]], admitted: list[tuple[int, float, float]],
+                       feed: SendFeed | None, end_s: float) -> None:
+        """The end of a run admitting arrivals, its slots rebuilt: a closed loop's sends committed,
+        the rows logged (the last one's waiting count, when left to the queue, read from it)."""
         if feed is not None:
             feed.commit(self, {r for r, _, _ in admitted}, end_s)
         if rows[-1][10] < 0:  # its waiting count left to the queue (the run ends there)
             rows[-1] = (*rows[-1][:10], len(self.waiting), *rows[-1][11:])
         self.log.extend(rows)
-        return steps
 
     def _take_admitted(self, admitted: list[tuple[int, float, float]], feed: SendFeed | None) -> None:
         """A run's admissions, once its timeout fired: taken from the waiting queue (where the
@@ -1327,7 +1333,7 @@ class Replica:
         t = self.env.now
         _, end_bound = fb.next_s(t, self.idx)
         num_blocks = rt.plan.num_blocks
-        budget_max, max_seqs, chunked = rt.max_num_batched_tokens, rt.max_num_seqs, rt.chunked_prefill
+        budget_max = rt.max_num_batched_tokens
         base: list[int] = c0.tolist()
         fin: list[int] = rem0.tolist()  # the run step after which each finishes
         rids: list[int] = self.rid[:n].tolist()
@@ -1430,33 +1436,11 @@ class Replica:
             if need > free:
                 break
             free2 = free - need
-            full = budget = budget_max - n
-            running = n
-            chunks: list[int] = []
-            for rid in pending:
-                if not (budget > 0 and running < max_seqs and free2 > 0):
-                    break
-                tokens = int(reqs.prompt[rid])
-                nb = -(-tokens // B)
-                if tokens <= 0 or nb > free2 or (tokens > budget and (chunked or budget != full)):
-                    break  # a chunk of it, or it waits: the ordinary loop decides
-                chunks.append(tokens)
-                budget -= tokens
-                free2 -= nb
-                running += 1
-            n_pre = len(chunks)
-            if n_pre < len(pending):
+            whole = self._whole_prompts(pending, budget_max - n, n, free2)
+            if whole is None:
                 break
-            if n_pre == 1:  # as the ordinary step sums one chunk
-                pre_tokens = float(chunks[0])
-                pre_ctx = 0.0
-                pre_pairs = pre_tokens * pre_ctx + 0.5 * (pre_tokens * (pre_tokens + 1.0))
-            else:
-                ch = np.asarray(chunks, dtype=np.float64)
-                pre_ctx_arr = np.zeros(n_pre)
-                pre_tokens = float(ch.sum())
-                pre_ctx = float(pre_ctx_arr.sum())
-                pre_pairs = float((ch * pre_ctx_arr).sum() + 0.5 * (ch * (ch + 1.0)).sum())
+            chunks, free2, (pre_tokens, pre_ctx, pre_pairs) = whole
+            n_pre = len(chunks)
             ctx_dec = float(sum_base + n * S) if n else 0.0
             if plain:  # `_spec_cost` without speculation, its arithmetic in its order (cached terms)
                 total_s, flops, nbytes = cost.pass_sums(n + n_pre, n + pre_tokens, ctx_dec + pre_ctx,
@@ -1470,12 +1454,10 @@ class Replica:
             end = t + total_s
             if end >= end_bound:
                 break
-            step_rids, pending = pending, []
-            j, waits, near = self._arrived(queued, j, stride, end, pending)
+            step_rids = pending
+            j, pending, waits, near = self._arrived_at(queued, j, stride, end, feed)
             if near:  # an arrival at its end: which comes first is SimPy's
                 break
-            if feed is not None and waits:
-                pending = [feed.rids[x] for x in pending]
             # the step is taken: admissions, one token each, completions
             free = free2
             n_dec = n
@@ -1527,6 +1509,55 @@ class Replica:
         stride = len(fb.routing[1])
         g = fb.next_index
         return None, fb.times(), stride, g + (self.idx - g) % stride  # the next arrival that reaches this replica
+
+    def _whole_prompts(self, pending: list[int], budget: int, running: int,
+                       free: int) -> tuple[list[int], int, tuple[float, float, float]] | None:
+        """A mixed step's admissions in a run's plan, by the ordinary step's rules (`_plan_prefill`,
+        `_fits_whole`): every pending request, FCFS, prefilled whole in the token `budget` left
+        after the decodes (without chunked prefill the first goes whole even past it), with a slot
+        and its KV blocks among `free`; None when one cannot (a chunk of it, or it waits: the
+        ordinary loop decides). Returns the chunks, the blocks then free and the prefill's sums
+        (tokens, context, attention pairs) as the ordinary step sums them."""
+        rt, reqs = self.rt, self.reqs
+        B = BLOCK_SIZE
+        max_seqs, chunked = rt.max_num_seqs, rt.chunked_prefill
+        full = budget
+        chunks: list[int] = []
+        for rid in pending:
+            if not (budget > 0 and running < max_seqs and free > 0):
+                break
+            tokens = int(reqs.prompt[rid])
+            nb = -(-tokens // B)
+            if tokens <= 0 or nb > free or (tokens > budget and (chunked or budget != full)):
+                break
+            chunks.append(tokens)
+            budget -= tokens
+            free -= nb
+            running += 1
+        n_pre = len(chunks)
+        if n_pre < len(pending):
+            return None
+        if n_pre == 1:  # as the ordinary step sums one chunk
+            pre_tokens = float(chunks[0])
+            pre_ctx = 0.0
+            pre_pairs = pre_tokens * pre_ctx + 0.5 * (pre_tokens * (pre_tokens + 1.0))
+        else:
+            ch = np.asarray(chunks, dtype=np.float64)
+            pre_ctx_arr = np.zeros(n_pre)
+            pre_tokens = float(ch.sum())
+            pre_ctx = float(pre_ctx_arr.sum())
+            pre_pairs = float((ch * pre_ctx_arr).sum() + 0.5 * (ch * (ch + 1.0)).sum())
+        return chunks, free, (pre_tokens, pre_ctx, pre_pairs)
+
+    def _arrived_at(self, queued: list[float], j: int, stride: int, t: float,
+                    feed: SendFeed | None) -> tuple[int, list[int], int, bool]:
+        """`_arrived` into a new list of pending requests (a closed loop's sends mapped from the
+        feed's indices to their requests): (next index, the requests, how many, near)."""
+        pending: list[int] = []
+        j, waits, near = self._arrived(queued, j, stride, t, pending)
+        if feed is not None and waits:
+            pending = [feed.rids[x] for x in pending]
+        return j, pending, waits, near
 
     @staticmethod
     def _arrived(queued: list[float], j: int, stride: int, t: float, pending: list[int]) -> tuple[int, int, bool]:
@@ -1823,11 +1854,7 @@ class Replica:
             self.n_vemit[:m] = [VEM[e] for e in active]
         self.n_running = m
         self.free_blocks = free
-        if feed is not None:
-            feed.commit(self, {r for r, _, _ in admitted}, end_s)
-        if rows[-1][10] < 0:  # its waiting count left to the queue (the run ends there)
-            rows[-1] = (*rows[-1][:10], len(self.waiting), *rows[-1][11:])
-        self.log.extend(rows)
+        self._end_absorbing(rows, admitted, feed, end_s)
         return steps
 
     def _plan_spec_absorbing(self) -> tuple[Any, ...] | None:
@@ -1871,7 +1898,7 @@ class Replica:
         t = self.env.now
         _, end_bound = fb.next_s(t, self.idx)
         num_blocks = rt.plan.num_blocks
-        budget_max, chunked = rt.max_num_batched_tokens, rt.chunked_prefill
+        budget_max = rt.max_num_batched_tokens
         free = self.free_blocks
         held = sum((x + (B - 1)) // B for x in C)
         idx = self.idx
@@ -1965,45 +1992,21 @@ class Replica:
             if need > free:
                 break  # it would preempt: the ordinary loop
             free2 = free - need
-            full = budget = budget_max - n * q
-            running = n
-            chunks: list[int] = []
-            for rid in pending:
-                if not (budget > 0 and running < max_seqs and free2 > 0):
-                    break
-                tokens = int(reqs.prompt[rid])
-                nb = -(-tokens // B)
-                if tokens <= 0 or nb > free2 or (tokens > budget and (chunked or budget != full)):
-                    break  # a chunk of it, or it waits: the ordinary loop decides
-                chunks.append(tokens)
-                budget -= tokens
-                free2 -= nb
-                running += 1
-            n_pre = len(chunks)
-            if n_pre < len(pending):
+            whole = self._whole_prompts(pending, budget_max - n * q, n, free2)
+            if whole is None:
                 break
-            if n_pre == 1:  # as the ordinary step sums one chunk
-                pre_tokens = float(chunks[0])
-                pre_ctx = 0.0
-                pre_pairs = pre_tokens * pre_ctx + 0.5 * (pre_tokens * (pre_tokens + 1.0))
-            else:
-                ch = np.asarray(chunks, dtype=np.float64)
-                pre_ctx_arr = np.zeros(n_pre)
-                pre_tokens = float(ch.sum())
-                pre_ctx = float(pre_ctx_arr.sum())
-                pre_pairs = float((ch * pre_ctx_arr).sum() + 0.5 * (ch * (ch + 1.0)).sum())
+            chunks, free2, (pre_tokens, pre_ctx, pre_pairs) = whole
+            n_pre = len(chunks)
             ctx_dec = float(sum([C[e] for e in active])) if n else 0.0
             total_s, target_s, draft_s, over_s, flops_s, nbytes_s = self._spec_cost(
                 n, ctx_dec, k, n_pre, pre_tokens, pre_ctx, pre_pairs, None)
             end = t + total_s
             if end >= end_bound:
                 break
-            step_rids, pending = pending, []
-            j, waits, near = self._arrived(queued, j, stride, end, pending)
+            step_rids = pending
+            j, pending, waits, near = self._arrived_at(queued, j, stride, end, feed)
             if near:  # an arrival at its end: which comes first is SimPy's
                 break
-            if feed is not None and waits:
-                pending = [feed.rids[x] for x in pending]
             # the step is taken: the decoding sequences' outcomes, then the admissions
             emitted = 0
             if n and k:
