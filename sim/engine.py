@@ -915,9 +915,9 @@ class Replica:
                 self.idle = False
             if self.fuse is not None and stalled_s == 0.0:
                 # (a run admitting arrivals admits every request waiting at its start, or none starts)
-                room = not self.waiting or self.n_running + len(self.waiting) <= rt.max_num_seqs
+                room = absorbs and (not self.waiting or self.n_running + len(self.waiting) <= rt.max_num_seqs)
                 if spec is None:
-                    if absorbs and room:
+                    if room:
                         done_steps = yield from self._absorbing_run()
                         if done_steps:
                             decode_left = (decode_left - done_steps) % rt.scheduler_steps
@@ -928,7 +928,7 @@ class Replica:
                         decode_left = (decode_left - done_steps) % rt.scheduler_steps
                         continue
                 else:
-                    if spec_absorbs and room and self.n_running <= SPEC_ABSORB_SEQS:
+                    if room and spec_absorbs and self.n_running <= SPEC_ABSORB_SEQS:
                         done_steps = yield from self._spec_absorbing_run()
                         if done_steps:
                             decode_left = (decode_left - done_steps) % rt.scheduler_steps
@@ -1193,7 +1193,7 @@ class Replica:
             return False
         loop = self.reqs.closed
         if not fb.arrivals:  # a closed loop of one replica: the run plans the sends (`SendFeed`)
-            return loop is not None and self.cache is None and self.reqs.on_complete == loop._completed
+            return loop is not None and self.cache is None
         if fb.routing is None or not self._chains():
             return False
         _, reps, _, router = fb.routing
@@ -1324,8 +1324,8 @@ class Replica:
         fb, rt, reqs = self.fuse, self.rt, self.reqs
         assert fb is not None
         pending: list[int] = list(waiting)  # admitted at the next step, FCFS
-        if pending and (len(pending) > rt.max_num_seqs or reqs.generated[pending].any()):
-            return None  # more than the slots, or a preempted request (recompute): the ordinary loop
+        if pending and reqs.generated[pending].any():
+            return None  # a preempted request (recompute): the ordinary loop
         rem0 = self.out[:n] - self.gen[:n]
         cost = rt.cost
         plain, tp = rt.spec is None, cost.tp
@@ -1880,8 +1880,8 @@ class Replica:
         if n and ((c0 < self.target[:n]).any() or (self.blocks[:n] != (c0 + (B - 1)) // B).any()):
             return None
         pending: list[int] = list(waiting)  # admitted at the next step, FCFS
-        if pending and (len(pending) > max_seqs or reqs.generated[pending].any()):
-            return None  # more than the slots, or a preempted request (recompute): the ordinary loop
+        if pending and reqs.generated[pending].any():
+            return None  # a preempted request (recompute): the ordinary loop
         # the entries (the run's sequences, then the admitted ones): context, tokens left, request,
         # acceptance, prefill target and draft counters; `active`: the running ones in slot order
         C: list[int] = c0.tolist()
@@ -2298,56 +2298,53 @@ class Replica:
         from the terms that depend on the batch and k only (`_spec_step_parts`, cached per batch, k
         and whether speculation is on): a short fused run's steps cost less so than with numpy."""
         key = (n_dec, k, self.speculating)
-        pr: Any = self._step_parts.get(key)
-        if pr is None:  # (False: a sliding window, priced through `pass_sums`)
-            pr = self._step_parts[key] = self._spec_step_parts(n_dec, k) or False
-        if pr:
-            # pass_sums of each pass inline, its operations in its order: the target's verification
-            # (context ctx, pairs ctx q + n q (q + 1) / 2), k draft passes at the mean draft context,
-            # and the plain decode pass the machinery's overhead is a fraction of
-            (q, pairs0, lin, kv_w, w, act, comm_s, over_s, lin_f, apf, peak, kvb, bw, tp,
-             draft_p, plain_p, frac) = pr
-            attn_f = apf * (ctx * q + pairs0)
-            attn_c = attn_f / peak
-            kv_r = kvb * ctx
-            attn_m = (kv_r + kv_w) / bw
-            total = lin + (attn_c if attn_c > attn_m else attn_m) + comm_s + over_s
-            flops = (lin_f + attn_f) * tp
-            nbytes = (w + kv_r + kv_w + act) * tp
-            draft = 0.0
-            if draft_p:
-                (half, d_lin, d_kv_w, d_w, d_act, d_comm, d_over, d_lin_f, d_apf, d_peak, d_kvb, d_bw, d_tp) = draft_p
-                mean_ctx = ctx + half
-                d_attn_f = d_apf * (mean_ctx + n_dec)
-                d_attn_c = d_attn_f / d_peak
-                d_kv_r = d_kvb * mean_ctx
-                d_attn_m = (d_kv_r + d_kv_w) / d_bw
-                draft = k * (d_lin + (d_attn_c if d_attn_c > d_attn_m else d_attn_m) + d_comm + d_over)
-                flops += k * (d_lin_f + d_attn_f) * d_tp
-                nbytes += k * (d_w + d_kv_r + d_kv_w + d_act) * d_tp
-            step = total + draft
-            if frac is None:
-                over = 0.0
-            elif plain_p:
-                p_lin, p_kv_w, p_comm, p_over, p_apf, p_peak, p_kvb, p_bw = plain_p
-                p_attn_c = p_apf * (ctx + n_dec) / p_peak
-                p_attn_m = (p_kvb * ctx + p_kv_w) / p_bw
-                over = (p_lin + (p_attn_c if p_attn_c > p_attn_m else p_attn_m) + p_comm + p_over) * frac
-            else:
-                over = total * frac
-            return step + over, total, draft, over, flops, nbytes
-        return self._spec_step_general(n_dec, ctx, k)
+        pr = self._step_parts.get(key)
+        if pr is None:
+            pr = self._step_parts[key] = self._spec_step_parts(n_dec, k)
+        # pass_sums of each pass inline, its operations in its order: the target's verification
+        # (context ctx, pairs ctx q + n q (q + 1) / 2), k draft passes at the mean draft context,
+        # and the plain decode pass the machinery's overhead is a fraction of
+        (q, pairs0, lin, kv_w, w, act, comm_s, over_s, lin_f, apf, peak, kvb, bw, tp,
+         draft_p, plain_p, frac) = pr
+        attn_f = apf * (ctx * q + pairs0)
+        attn_c = attn_f / peak
+        kv_r = kvb * ctx
+        attn_m = (kv_r + kv_w) / bw
+        total = lin + (attn_c if attn_c > attn_m else attn_m) + comm_s + over_s
+        flops = (lin_f + attn_f) * tp
+        nbytes = (w + kv_r + kv_w + act) * tp
+        draft = 0.0
+        if draft_p:
+            (half, d_lin, d_kv_w, d_w, d_act, d_comm, d_over, d_lin_f, d_apf, d_peak, d_kvb, d_bw, d_tp) = draft_p
+            mean_ctx = ctx + half
+            d_attn_f = d_apf * (mean_ctx + n_dec)
+            d_attn_c = d_attn_f / d_peak
+            d_kv_r = d_kvb * mean_ctx
+            d_attn_m = (d_kv_r + d_kv_w) / d_bw
+            draft = k * (d_lin + (d_attn_c if d_attn_c > d_attn_m else d_attn_m) + d_comm + d_over)
+            flops += k * (d_lin_f + d_attn_f) * d_tp
+            nbytes += k * (d_w + d_kv_r + d_kv_w + d_act) * d_tp
+        step = total + draft
+        if frac is None:
+            over = 0.0
+        elif plain_p:
+            p_lin, p_kv_w, p_comm, p_over, p_apf, p_peak, p_kvb, p_bw = plain_p
+            p_attn_c = p_apf * (ctx + n_dec) / p_peak
+            p_attn_m = (p_kvb * ctx + p_kv_w) / p_bw
+            over = (p_lin + (p_attn_c if p_attn_c > p_attn_m else p_attn_m) + p_comm + p_over) * frac
+        else:
+            over = total * frac
+        return step + over, total, draft, over, flops, nbytes
 
-    def _spec_step_parts(self, n_dec: int, k: int) -> tuple[Any, ...] | None:
-        """`_spec_step`'s terms that depend on the batch and k only (None where `pass_sums`
-        would not use its cache: a sliding window)."""
+    def _spec_step_parts(self, n_dec: int, k: int) -> tuple[Any, ...]:
+        """`_spec_step`'s terms that depend on the batch and k only (a fused replica's models have
+        no sliding window, `affine_in_context`, so `pass_sums` would take them from its cache)."""
         rt = self.rt
         spec = rt.spec
         cost = rt.cost
         assert spec is not None and isinstance(cost, CostModel)
         dc = spec.draft_cost
-        if cost.window or (dc is not None and isinstance(dc, CostModel) and dc.window):
-            return None
+        assert not cost.window and not (isinstance(dc, CostModel) and dc.window)
         q = k + 1
         parts = cost.pass_parts(n_dec, n_dec * q + 0.0)
         draft_p: tuple[Any, ...] | None = None
@@ -2363,33 +2360,6 @@ class Replica:
         return (q, n_dec * q * (q + 1) / 2.0, *parts, cost.attn_flops_per_pair, cost._peak_attn,
                 cost.kv_bytes_per_token_gpu, cost.bw, cost.tp, draft_p, plain_p,
                 self._overhead_frac(n_dec) if self.speculating else None)
-
-    def _spec_step_general(self, n_dec: int, ctx: float, k: int) -> tuple[float, float, float, float, float, float]:
-        """`_spec_step` through `pass_sums` (any cost model)."""
-        rt = self.rt
-        spec = rt.spec
-        cost = rt.cost
-        assert spec is not None and isinstance(cost, CostModel)
-        q = k + 1
-        total, flops, nbytes = cost.pass_sums(n_dec, n_dec * q + 0.0, ctx, ctx * q + n_dec * q * (q + 1) / 2.0)
-        flops *= cost.tp
-        nbytes *= cost.tp
-        dc = spec.draft_cost
-        draft = 0.0
-        if dc is not None and k > 0:
-            assert isinstance(dc, CostModel)
-            mean_ctx = ctx + n_dec * (k - 1) / 2.0
-            d_total, d_flops, d_bytes = dc.pass_sums(n_dec, n_dec, mean_ctx, mean_ctx + n_dec, step_overhead=False)
-            draft = k * d_total
-            flops += k * d_flops * dc.tp
-            nbytes += k * d_bytes * dc.tp
-        step = total + draft
-        if self.speculating:
-            plain = total if k == 0 else cost.pass_sums(n_dec, n_dec, ctx, ctx + n_dec)[0]
-            over = plain * self._overhead_frac(n_dec)
-        else:
-            over = 0.0
-        return step + over, total, draft, over, flops, nbytes
 
     def _spec_cost_many(self, n_dec: int, ctx: np.ndarray, k: int) -> tuple[Any, ...]:
         """`_spec_cost` of decode-only steps (every sequence decoding, no prefill) at each context
