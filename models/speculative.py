@@ -43,23 +43,50 @@ def expected_tokens_table(a: np.ndarray, k_max: int, decay: float = 1.0) -> np.n
     return out
 
 
-def sample_accepted(rng: np.random.Generator, a: np.ndarray, k: int, decay: float = 1.0,
-                    steps: int | None = None) -> np.ndarray:
+def sample_accepted(rng: np.random.Generator, a: np.ndarray, k: int, decay: float = 1.0) -> np.ndarray:
     """Accepted drafted tokens per sequence, each in [0, k]: a truncated geometric draw.
 
-    Vectorised: k uniforms per sequence, accepted = number of leading positions that pass.
-    With `steps`, the outcomes of that many verification steps of the same sequences at once, an
-    array (steps, sequences), drawing exactly the uniforms (in the same order) that `steps`
-    successive calls without it would draw (a fused run of speculative steps).
+    Vectorised: k uniforms per sequence, accepted = number of leading positions that pass. (The
+    engine draws every request's outcomes before a run instead: `acceptance_draws`.)
     """
     a = np.asarray(a, dtype=np.float64)
-    shape = (a.size,) if steps is None else (steps, a.size)
     if k <= 0 or a.size == 0:
-        return np.zeros(shape, dtype=np.int64)
+        return np.zeros(a.size, dtype=np.int64)
     p = a[:, None] * (decay ** np.arange(k))[None, :]
-    passed = rng.random((*shape, k)) < p
+    passed = rng.random((a.size, k)) < p
     # the number of leading positions that pass (the index of the first failure, k when all pass)
     return np.logical_and.accumulate(passed, axis=-1).sum(axis=-1, dtype=np.int64)
+
+
+def acceptance_draws(rng: np.random.Generator, probs: np.ndarray, lengths: np.ndarray,
+                     chunk_rows: int = 1 << 18) -> tuple[bytes, np.ndarray]:
+    """Every request's verification outcomes, drawn before the run: request r (row r of `probs`,
+    its per-depth probabilities P_1..P_K of reaching depth i from depth i - 1) gets `lengths[r]`
+    verifications, each K uniforms; the outcome is the number of leading depths that pass
+    (u_i < P_i), in [0, K]. A verification of depth k <= K accepts min(outcome, k) drafted tokens:
+    exactly the truncated draw `sample_accepted` (or `DraftShape.sample`) makes with k uniforms,
+    since P_i does not depend on k. Returns the outcomes as bytes (request r's v-th verification
+    at offsets[r] + v) and the offsets (n + 1). Drawn request by request in row order, a block of
+    rows at a time (memory stays at `chunk_rows` x K uniforms)."""
+    p = np.asarray(probs, dtype=np.float64)
+    n, k = p.shape if p.ndim == 2 else (p.size, 0)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=off[1:])
+    out = np.zeros(int(off[-1]), dtype=np.uint8)
+    if k == 0 or n == 0:
+        return out.tobytes(), off
+    if k > 255:
+        raise ValueError("at most 255 drafted tokens per verification")
+    i0 = 0
+    while i0 < n:  # requests [i0, i1) hold at most chunk_rows rows (at least one request)
+        i1 = max(i0 + 1, int(np.searchsorted(off, off[i0] + chunk_rows, side="right")) - 1)
+        i1 = min(i1, n)
+        rows = np.repeat(p[i0:i1], lengths[i0:i1], axis=0)
+        passed = rng.random(rows.shape) < rows
+        out[off[i0]: off[i1]] = np.logical_and.accumulate(passed, axis=1).sum(axis=1)
+        i0 = i1
+    return out.tobytes(), off
 
 
 def improvement_factor(a: float, k: int, c: float) -> float:

@@ -114,6 +114,15 @@ class SpecRuntime:
         emitted token plus the drafted tokens or tree nodes)."""
         return 1 + (self.shape.nodes(k) if self.shape is not None else k)
 
+    def depth_probs(self, a: np.ndarray) -> np.ndarray:
+        """(requests, k) probabilities of reaching depth i from depth i - 1 at each request's
+        per-token acceptance a: the shape's P_i (a tree's any-of-its-candidates), else the chain's
+        a x decay^(i-1)."""
+        a = np.asarray(a, dtype=np.float64)
+        if self.shape is not None:
+            return self.shape.probs(a, self.k)
+        return a[:, None] * (self.decay ** np.arange(self.k))[None, :]
+
 
 @dataclass(frozen=True)
 class ReplicaRuntime:

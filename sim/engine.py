@@ -43,7 +43,7 @@ import simpy
 
 from models.cost import CostModel
 from models.memory import BLOCK_SIZE
-from models.speculative import expected_tokens_table, sample_accepted
+from models.speculative import expected_tokens_table
 from sim.prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
@@ -69,7 +69,6 @@ SPEC_SCALAR_STEPS = 24
 SPEC_SCALAR_SEQS = 32
 # a speculative run admitting arrivals (`Replica._spec_absorbing_run`) plans at most this many sequences
 SPEC_ABSORB_SEQS = 64
-SPEC_SCALAR_CHUNK = 16
 
 
 class VerifyPlan(NamedTuple):
@@ -360,6 +359,12 @@ class Requests:
         self.verify_steps = np.zeros(n, dtype=np.int64)
         self.verify_emitted = np.zeros(n, dtype=np.int64)
         self.match = np.zeros(n)  # suffix decoding: probability of a suffix-tree match at a decoding step
+        # speculation: every request's verification outcomes, drawn before the run
+        # (`models.speculative.acceptance_draws`): its v-th verification of depth k accepts
+        # min(lead[lead_off[r] + v], k) drafted tokens, whatever replica, batch or step it runs in
+        self.lead_b = b""  # the outcomes as bytes (a Python index gives an int, cheaply) ...
+        self.lead = np.zeros(0, dtype=np.uint8)  # ... and as an array (a view of the same bytes)
+        self.lead_off = np.zeros(n + 1, dtype=np.int64)
         self.n_done = 0  # requests completed so far
         self.requeued = 0  # preemptions so far (each puts a request back in a waiting queue)
         self.on_complete: Callable[[int], None] | None = None  # closed loop: told how many just completed
@@ -377,6 +382,17 @@ class Requests:
         # tokens the admissions prefilled, cached or computed: the prompt, plus after a preemption what
         # was prefilled before it and the prompt + output so far again (prefill_cached + computed = this)
         self.prefill_tokens = np.zeros(n, dtype=np.int64)
+
+    def set_draws(self, lead: bytes, offsets: np.ndarray) -> None:
+        """Give each request its verification outcomes (`models.speculative.acceptance_draws`)."""
+        self.lead_b = lead
+        self.lead = np.frombuffer(lead, dtype=np.uint8)
+        self.lead_off = offsets
+
+    def drafts_accepted(self, rid: np.ndarray, verified: np.ndarray, k: int) -> np.ndarray:
+        """Drafted tokens accepted by the next verification (of depth k) of requests `rid`, which
+        have had `verified` verifications so far."""
+        return np.minimum(self.lead[self.lead_off[rid] + verified], k).astype(np.int64)
 
     def set_units(self, keys: list[np.ndarray], blocks: list[np.ndarray]) -> None:
         """Give each request its cache units: unit keys and the full KV blocks each covers."""
@@ -486,7 +502,6 @@ class Replica:
          self.c_blocks,  # prefix caching: KV blocks of those units (shared, not private)
          ) = self._ints  # row views
         self.rid[:] = -1
-        self.acc = np.zeros(s)  # per-token acceptance rate of the request
         self.free_blocks = rt.plan.num_blocks  # truly free + unreferenced cached (evictable) blocks
         # prefix caching, decided once: only when enabled and some request carries block hashes
         self.cache = PrefixCache() if (rt.prefix_caching and reqs.unit_off is not None) else None
@@ -554,7 +569,6 @@ class Replica:
         self.gen[i] = reqs.generated[rid]
         self.out[i] = reqs.output[rid]
         self.target[i] = reqs.prompt[rid] + reqs.generated[rid]  # recompute: prompt + output so far
-        self.acc[i] = reqs.acceptance[rid]
         self.n_acc[i] = reqs.accepted[rid]
         self.n_prop[i] = reqs.proposed[rid]
         self.n_verify[i] = reqs.verify_steps[rid]
@@ -667,7 +681,6 @@ class Replica:
         kept = ints[:, :n][:, keep]
         m = kept.shape[1]
         ints[:, :m] = kept
-        self.acc[:m] = self.acc[:n][keep]
         self.n_running = m
 
     def _choose_k(self, dec: np.ndarray) -> int:
@@ -1034,9 +1047,8 @@ class Replica:
                     # suffix: sequences without a match decoded one token and verified nothing
                     hit = matched[:n][ds]
                     acc = np.zeros(n_dec, dtype=np.int64)
-                    a_hit = self.acc[ds][hit]
-                    acc[hit] = (spec.shape.sample(self.rng, a_hit, k) if spec.shape is not None
-                                else sample_accepted(self.rng, a_hit, k, spec.decay))
+                    d_hit = np.arange(n)[ds][hit]
+                    acc[hit] = self.reqs.drafts_accepted(self.rid[d_hit], self.n_verify[d_hit], k)
                     emit = np.minimum(acc + 1, self.out[ds] - self.gen[ds])
                     self.n_prop[ds] += k * hit
                     self.n_acc[ds] += acc
@@ -1044,8 +1056,7 @@ class Replica:
                     self.n_vemit[ds] += emit * hit
                     emitted_total += int(emit.sum())
                 elif spec is not None and k > 0:
-                    acc = (spec.shape.sample(self.rng, self.acc[ds], k) if spec.shape is not None
-                           else sample_accepted(self.rng, self.acc[ds], k, spec.decay))
+                    acc = self.reqs.drafts_accepted(self.rid[ds], self.n_verify[ds], k)
                     emit = np.minimum(acc + 1, self.out[ds] - self.gen[ds])
                     self.n_prop[ds] += k  # a tree counts its depth (accepted <= proposed), not its nodes
                     self.n_acc[ds] += acc  # drafted tokens the target agreed with (vLLM's count)
@@ -1244,7 +1255,6 @@ class Replica:
             self.rid[m0:m] = nr
             self.target[m0:m] = reqs.prompt[nr] + reqs.generated[nr]
             self.out[m0:m] = reqs.output[nr]
-            self.acc[m0:m] = reqs.acceptance[nr]
         if m:
             b = np.array(base, dtype=np.int64)[live] + s_end  # their contexts now
             self.computed[:m] = b
@@ -1722,16 +1732,17 @@ class Replica:
         now = env.now
         bound, end_bound = fb.next_s(now, self.idx)
         free, held_sum = self.free_blocks, int(held.sum())
-        seg = self._plan_spec_segment(now, c, rem, self.acc[:n], k, free, held_sum, bound, end_bound, 2)
+        nxt = self.reqs.lead_off[self.rid[:n]] + self.n_verify[:n]  # each sequence's next outcome
+        seg = self._plan_spec_segment(now, c, rem, nxt, k, free, held_sum, bound, end_bound, 2)
         if seg is None:
             return 0
         segs = [seg]
         if seg.finishing and not self.waiting and spec.policy != "adaptive" and self._chains():
             least = fb.routing is not None and fb.routing[3] == "least_outstanding"
-            acc = self.acc[:n]
             while True:
                 keep = seg.rem_after > 0
-                c, rem, acc = seg.c_after[keep], seg.rem_after[keep], acc[keep]
+                c, rem = seg.c_after[keep], seg.rem_after[keep]
+                nxt = (nxt + seg.steps if seg.k else nxt)[keep]
                 segs[-1] = seg._replace(leaving=int(keep.size - c.size), stay=keep)
                 # the blocks the segment took, then the finished sequences' freed
                 free += seg.held_gone - (seg.held_all - held_sum)
@@ -1747,7 +1758,7 @@ class Replica:
                     bound, end_bound = min(bound, b2), min(end_bound, e2)
                 if spec.policy == "disable_above_batch":
                     k = 0 if n > spec.disable_batch_size else spec.k
-                seg = self._plan_spec_segment(t, c, rem, acc, k, free, held_sum, bound, end_bound, 1)
+                seg = self._plan_spec_segment(t, c, rem, nxt, k, free, held_sum, bound, end_bound, 1)
                 if seg is None:
                     break
                 segs.append(seg)
@@ -1825,7 +1836,7 @@ class Replica:
         self._taken = []
         reqs = self.reqs
         self._take_admitted(admitted, feed)
-        C, R, RID, A, TGT, PROP, ACC, VER, VEM, active = ent
+        C, R, RID, _, TGT, PROP, ACC, VER, VEM, active = ent
         if done:
             es = [e for e, _ in done]
             g = np.array([RID[e] for e in es], dtype=np.int64)
@@ -1847,7 +1858,6 @@ class Replica:
             self.target[:m] = [TGT[e] for e in active]
             self.out[:m] = reqs.output[ra]
             self.gen[:m] = self.out[:m] - np.array([R[e] for e in active], dtype=np.int64)
-            self.acc[:m] = [A[e] for e in active]
             self.n_prop[:m] = [PROP[e] for e in active]
             self.n_acc[:m] = [ACC[e] for e in active]
             self.n_verify[:m] = [VER[e] for e in active]
@@ -1883,11 +1893,12 @@ class Replica:
         if pending and reqs.generated[pending].any():
             return None  # a preempted request (recompute): the ordinary loop
         # the entries (the run's sequences, then the admitted ones): context, tokens left, request,
-        # acceptance, prefill target and draft counters; `active`: the running ones in slot order
+        # its outcomes' offset, prefill target and draft counters; `active`: the running ones in slot order
         C: list[int] = c0.tolist()
         R: list[int] = (self.out[:n] - self.gen[:n]).tolist()
         RID: list[int] = self.rid[:n].tolist()
-        A: list[float] = self.acc[:n].tolist()
+        OFF: list[int] = reqs.lead_off[self.rid[:n]].tolist()
+        lead = reqs.lead_b
         TGT: list[int] = self.target[:n].tolist()
         PROP: list[int] = self.n_prop[:n].tolist()
         ACC: list[int] = self.n_acc[:n].tolist()
@@ -1902,7 +1913,7 @@ class Replica:
         free = self.free_blocks
         held = sum((x + (B - 1)) // B for x in C)
         idx = self.idx
-        policy, k_max, decay = spec.policy, spec.k, spec.decay
+        policy, k_max = spec.policy, spec.k
         fixed_k = (k_max if self.speculating else 0) if policy == "follow_load" else k_max
         rows: list[tuple[float, ...]] = []
         done: list[tuple[int, float]] = []  # (entry, completion time), in the order they leave
@@ -1926,7 +1937,8 @@ class Replica:
                 bound = arr_s if arr_s < cut else cut
                 seg = self._plan_spec_segment(t, np.array([C[e] for e in active], dtype=np.int64),
                                               np.array([R[e] for e in active], dtype=np.int64),
-                                              np.array([A[e] for e in active]), k, free, held, bound, end_bound,
+                                              np.array([OFF[e] + VER[e] for e in active], dtype=np.int64), k, free,
+                                              held, bound, end_bound,
                                               min_steps)
                 if seg is None:
                     break
@@ -2010,9 +2022,10 @@ class Replica:
             # the step is taken: the decoding sequences' outcomes, then the admissions
             emitted = 0
             if n and k:
-                accepted = sample_accepted(self.rng, np.array([A[e] for e in active]), k, decay).tolist()
-                for pos, e in enumerate(active):
-                    a = accepted[pos]
+                for e in active:
+                    a = lead[OFF[e] + VER[e]]
+                    if a > k:
+                        a = k
                     x = a + 1 if a + 1 < R[e] else R[e]
                     PROP[e] += k
                     ACC[e] += a
@@ -2034,7 +2047,7 @@ class Replica:
                 C.append(chunk)
                 R.append(int(reqs.output[rid]) - 1)  # its first token, sampled at the end of its prefill
                 RID.append(rid)
-                A.append(float(reqs.acceptance[rid]))
+                OFF.append(int(reqs.lead_off[rid]))
                 TGT.append(chunk)
                 PROP.append(0)
                 ACC.append(0)
@@ -2067,16 +2080,15 @@ class Replica:
                 break
         if not rows:
             return None
-        return t, steps, rows, done, admitted, (C, R, RID, A, TGT, PROP, ACC, VER, VEM, active), free, feed
+        return t, steps, rows, done, admitted, (C, R, RID, OFF, TGT, PROP, ACC, VER, VEM, active), free, feed
 
-    def _plan_spec_segment(self, now: float, c: np.ndarray, rem: np.ndarray, acc_rate: np.ndarray, k: int,
+    def _plan_spec_segment(self, now: float, c: np.ndarray, rem: np.ndarray, nxt: np.ndarray, k: int,
                            free: int, held_sum: int, bound: float, end_bound: float,
                            min_steps: int) -> SpecSegment | None:
         """One segment of `_spec_run` from time `now`: the sequences at contexts c (KV blocks held
-        ceil(c / B), `held_sum` in all) with `rem` tokens left and acceptance rates `acc_rate`,
-        speculating k, `free` blocks free; None (the RNG untouched) when fewer than `min_steps`
-        steps fit. Its draws are taken from the replica's generator, which is left just after
-        them."""
+        ceil(c / B), `held_sum` in all) with `rem` tokens left, their next verification outcomes
+        at `nxt` in `Requests.lead` (each step of depth k > 0 takes the next one of every
+        sequence), speculating k, `free` blocks free; None when fewer than `min_steps` steps fit."""
         rt = self.rt
         spec = rt.spec
         assert spec is not None
@@ -2096,13 +2108,12 @@ class Replica:
         if m < min_steps:
             return None
         if n <= SPEC_SCALAR_SEQS and spec.policy != "adaptive":
-            return self._plan_spec_scalar(now, c, rem, acc_rate, k, free, held_sum, bound, end_bound, min_steps, m, ctx0,
+            return self._plan_spec_scalar(now, c, rem, nxt, k, free, held_sum, bound, end_bound, min_steps, m, ctx0,
                                           first)
-        # 1. the candidate steps' outcomes: accepted drafts, tokens emitted (capped at what is left)
-        bg = self.rng.bit_generator
-        state = bg.state
+        # 1. the candidate steps' outcomes: accepted drafts, tokens emitted (capped at what is left;
+        # no sequence runs out of outcomes: m <= the tokens it has left)
         if k:
-            acc = sample_accepted(self.rng, acc_rate, k, spec.decay, steps=m)
+            acc = np.minimum(self.reqs.lead[nxt[None, :] + np.arange(m)[:, None]], k).astype(np.int64)
             emit = acc + 1
         else:
             emit = np.ones((m, n), dtype=np.int64)
@@ -2134,14 +2145,7 @@ class Replica:
         steps = min(steps, int(np.searchsorted(starts[:steps], bound, "left")),
                     int(np.searchsorted(starts[1:], end_bound, "left")))
         if steps < min_steps or steps < 1:
-            bg.state = state
             return None
-        if k and steps < m:  # give back the uniforms drawn for steps beyond the segment
-            bg.state = state
-            if isinstance(bg, np.random.PCG64) and not state["has_uint32"]:
-                bg.advance(steps * n * k)  # one 64-bit output per uniform double
-            else:
-                self.rng.random(steps * n * k)
         got = emit[:steps].sum(axis=0)
         c_after = c + got
         held_all = int(((c_after + (BLOCK_SIZE - 1)) // BLOCK_SIZE).sum())
@@ -2156,30 +2160,24 @@ class Replica:
             finishing, c_after, rem_after, held_all,
             int(((c_after[done] + (BLOCK_SIZE - 1)) // BLOCK_SIZE).sum()) if finishing else 0)
 
-    def _plan_spec_scalar(self, now: float, c: np.ndarray, rem: np.ndarray, acc_rate: np.ndarray, k: int,
+    def _plan_spec_scalar(self, now: float, c: np.ndarray, rem: np.ndarray, nxt: np.ndarray, k: int,
                           free: int, held_sum: int, bound: float, end_bound: float, min_steps: int, m: int,
                           ctx0: float, first: tuple[float, ...]) -> SpecSegment | None:
         """`_plan_spec_segment` for a small batch (at most SPEC_SCALAR_SEQS sequences) and a
         policy that keeps k (all but adaptive), step by step in plain Python over scalars: the
-        same uniforms (drawn SPEC_SCALAR_CHUNK steps at a time, in the stream's order), the same
-        accepted counts (leading uniforms below a[i] x decay^l, the probabilities as
-        `sample_accepted` computes them), each step priced by `_spec_step` and timed by the same
-        sequential sums, and each stopping rule (a sequence finishing, a reservation that would
-        not fit, a step starting at the bound or ending past the end bound) applied at the first
-        step where the array planner's would cut: the same segment, to the bit, at a fraction of
-        numpy's per-call cost on arrays this short (tests/test_fusion.py compares the two)."""
-        spec = self.rt.spec
-        assert spec is not None
+        same outcomes (read from `Requests.lead_b`), each step priced by `_spec_step` and timed by
+        the same sequential sums, and each stopping rule (a sequence finishing, a reservation that
+        would not fit, a step starting at the bound or ending past the end bound) applied at the
+        first step where the array planner's would cut: the same segment, to the bit, at a
+        fraction of numpy's per-call cost on arrays this short (tests/test_fusion.py compares the
+        two)."""
         B = BLOCK_SIZE
         n = c.size
         q = k + 1
         cl: list[int] = c.tolist()
         rl: list[int] = rem.tolist()
-        rng = self.rng
-        bg = rng.bit_generator
-        state = bg.state
-        p: list[list[float]] = (acc_rate[:, None] * (spec.decay ** np.arange(k))[None, :]).tolist() if k else []
-        nk = n * k
+        lead = self.reqs.lead_b
+        nl: list[int] = nxt.tolist()
         cum = [0] * n  # tokens each sequence emitted in the segment's steps so far (uncapped)
         acc_sum = [0] * n
         got = [0] * n
@@ -2195,8 +2193,6 @@ class Replica:
         bytes_l: list[float] = []
         per_step: list[int] = []
         held_after: list[int] = []
-        u: list[float] = []
-        drawn = base0 = 0  # steps whose uniforms are drawn; the first step of those in u
         t = now
         sum_emit = 0  # tokens emitted before this step, all sequences (the context grown)
         finishing = False
@@ -2223,18 +2219,10 @@ class Replica:
             # this step's outcomes
             emitted = 0
             if k:
-                if j >= drawn:
-                    more = min(SPEC_SCALAR_CHUNK, m - drawn)
-                    u = rng.random(more * nk).tolist()
-                    base0 = drawn
-                    drawn += more
-                o = (j - base0) * nk
                 for i in range(n):
-                    pi = p[i]
-                    a = 0
-                    while a < k and u[o + a] < pi[a]:
-                        a += 1
-                    o += k
+                    a = lead[nl[i] + j]
+                    if a > k:
+                        a = k
                     acc_sum[i] += a
                     e = a + 1
                     before = cum[i]
@@ -2268,14 +2256,7 @@ class Replica:
             if steps < m:
                 held_after.append(sum((cl[i] + cum[i] + (B - 1)) // B for i in range(n)))
         if steps < min_steps or steps < 1:
-            bg.state = state
             return None
-        if k and steps < drawn:  # give back the uniforms drawn for steps beyond the segment
-            bg.state = state
-            if isinstance(bg, np.random.PCG64) and not state["has_uint32"]:
-                bg.advance(steps * nk)  # one 64-bit output per uniform double
-            else:
-                rng.random(steps * nk)
         if len(held_after) == steps:  # (the last step's blocks are known after the segment)
             held_after.pop()
         got_a = np.array(got, dtype=np.int64)
@@ -2284,6 +2265,8 @@ class Replica:
         ca = c_after.tolist()
         held_all = sum((x + (B - 1)) // B for x in ca)
         held_gone = sum((x + (B - 1)) // B for x, r in zip(ca, rem_after.tolist(), strict=True) if r <= 0)
+        spec = self.rt.spec
+        assert spec is not None
         draft: np.ndarray | float = np.array(drafts) if spec.draft_cost is not None and k > 0 else 0.0
         return SpecSegment(
             n, k, steps, t, np.array(starts), np.array(totals), np.array(targets), draft, np.array(overs),

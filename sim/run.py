@@ -22,7 +22,7 @@ import pandas as pd
 import simpy
 from simpy.events import URGENT, EventPriority
 
-from models.speculative import acceptance_at_quantile
+from models.speculative import acceptance_at_quantile, acceptance_draws
 from sim.deployment import ReplicaRuntime, check_fits
 from sim.engine import STEP_INT_COLUMNS, FuseBound, Replica, Requests, StepLog
 from sim.fleet import Autoscaler, Fleet, FleetBound, FollowLoad, change_times, timeout_with
@@ -222,7 +222,10 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         reqs.set_units(table.unit_keys.to_list(), table.unit_blocks.to_list())
     env = simpy.Environment()
     log = StepLog()
-    engine_rng = streams(seed)["engine"]
+    rs = streams(seed)
+    engine_rng = rs["engine"]
+    if rt.spec is not None and rt.spec.k > 0:  # every request's verification outcomes, drawn now
+        reqs.set_draws(*acceptance_draws(rs["verify"], rt.spec.depth_probs(acc), reqs.output))
     rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(int(engine_rng.integers(2**63))).spawn(rt.num_replicas)]
     stop = env.event()
     frontend = rt.cost.eff.frontend_s

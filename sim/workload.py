@@ -42,7 +42,7 @@ from sim.scenario import (
 )
 from sim.traces import empirical_lengths, hash_units, load_rate_csv, load_trace, scale_to_rate, trace_rate_rps
 
-STREAMS = ("arrivals", "prompt", "output", "classes", "acceptance", "engine", "think")
+STREAMS = ("arrivals", "prompt", "output", "classes", "acceptance", "engine", "think", "verify")
 # multi-turn conversations draw growth and turn gaps from a stream of their own, child 100 of the
 # seed's SeedSequence (far past STREAMS, so streams appended there never coincide with it)
 CONVERSATION_STREAM = 100

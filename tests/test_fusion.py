@@ -533,9 +533,9 @@ def _segment_columns(seg: Any) -> dict[str, Any]:
 
 def test_scalar_speculative_segments_are_the_array_planners_bit_for_bit(make_scenario, monkeypatch) -> None:
     """`_plan_spec_scalar` (small batches, step by step in scalars) plans the segment the array
-    planner plans from the same state: every figure to the last bit, and the generator left at the
-    same point, on random states (batches of 1-32, k of 0-5, tight KV, time and end bounds, either
-    minimum, speculation switched off, uniforms drawn 1-4 steps at a time or 16)."""
+    planner plans from the same state: every figure to the last bit, on random states (batches of
+    1-32, k of 0-5, tight KV, time and end bounds, either minimum, speculation switched off), each
+    sequence reading its outcomes from its own place in the requests' stream."""
     import simpy
 
     from sim import engine
@@ -543,6 +543,8 @@ def test_scalar_speculative_segments_are_the_array_planners_bit_for_bit(make_sce
 
     one = np.zeros(1)
     reqs = Requests(one, one.astype(np.int64) + 1, one.astype(np.int64) + 1, one)
+    stream = np.random.default_rng(5).integers(0, 6, 200_000).astype(np.uint8)
+    reqs.set_draws(stream.tobytes(), np.array([0, stream.size], dtype=np.int64))
     reps = []
     for spec in (_DRAFT, {"method": "eagle", "num_speculative_tokens": 5, "acceptance_decay": 0.9},
                  {"method": "ngram", "num_speculative_tokens": 3}, {**_DRAFT, "policy": "disable_above_batch"}):
@@ -556,7 +558,7 @@ def test_scalar_speculative_segments_are_the_array_planners_bit_for_bit(make_sce
         k = int(rng.choice([0, 1, 2, 4, rep.rt.spec.k]))
         c = rng.integers(1, 3000, n).astype(np.int64)
         rem = rng.integers(1, 80 if rng.random() < 0.5 else 400, n).astype(np.int64)
-        acc = rng.uniform(0.0, 0.999, n)
+        nxt = rng.integers(0, stream.size - 400, n).astype(np.int64)
         held = int(((c + 15) // 16).sum())
         free = int(rng.integers(0, 12 * n)) if rng.random() < 0.4 else 10**6
         now = float(rng.uniform(0.0, 100.0))
@@ -564,49 +566,23 @@ def test_scalar_speculative_segments_are_the_array_planners_bit_for_bit(make_sce
         bound = now + d * float(rng.uniform(0.5, 60.0)) if rng.random() < 0.8 else 1e7
         end_bound = now + d * float(rng.uniform(0.5, 80.0)) if rng.random() < 0.5 else 1e7
         min_steps = int(rng.choice([1, 2]))
-        seed = int(rng.integers(1 << 30))
         rep.speculating = bool(rng.random() < 0.9)
-        chunk = int(rng.integers(1, 5)) if rng.random() < 0.3 else 16
         got = []
         for scalar in (False, True):
             monkeypatch.setattr(engine, "SPEC_SCALAR_SEQS", 64 if scalar else 0)
-            monkeypatch.setattr(engine, "SPEC_SCALAR_CHUNK", chunk)
-            rep.rng = np.random.default_rng(seed)
-            seg = rep._plan_spec_segment(now, c.copy(), rem.copy(), acc.copy(), k, free, held, bound, end_bound,
+            seg = rep._plan_spec_segment(now, c.copy(), rem.copy(), nxt.copy(), k, free, held, bound, end_bound,
                                          min_steps)
-            got.append((None if seg is None else _segment_columns(seg), rep.rng.random()))
+            got.append(None if seg is None else _segment_columns(seg))
         assert got[1] == got[0], (trial, n, k)
-        if got[0][0] is None:
+        if got[0] is None:
             seen["none"] += 1
             continue
-        seen["finishing"] += got[0][0]["finishing"]
+        seen["finishing"] += got[0]["finishing"]
         if free < 10**6:  # the reservation bound the segment (the same state with room to spare goes further)
-            rep.rng = np.random.default_rng(seed)
-            roomy = rep._plan_spec_segment(now, c.copy(), rem.copy(), acc.copy(), k, 10**6, held, bound, end_bound,
+            roomy = rep._plan_spec_segment(now, c.copy(), rem.copy(), nxt.copy(), k, 10**6, held, bound, end_bound,
                                            min_steps)
-            seen["kv"] += roomy is None or roomy.steps != got[0][0]["steps"]
+            seen["kv"] += roomy is None or roomy.steps != got[0]["steps"]
     assert min(seen.values()) >= 20, seen
-
-
-def test_sample_accepted_steps_draws_the_unfused_stream() -> None:
-    """m steps drawn at once are the m successive draws, and a generator rewound and advanced past
-    the first s steps' uniforms continues as if those s steps alone had been drawn."""
-    from models.speculative import sample_accepted
-
-    a = np.array([0.2, 0.8, 0.95, 0.5])
-    one, many = np.random.default_rng(7), np.random.default_rng(7)
-    block = sample_accepted(many, a, 4, 0.9, steps=6)
-    assert block.shape == (6, 4)
-    np.testing.assert_array_equal(block, np.stack([sample_accepted(one, a, 4, 0.9) for _ in range(6)]))
-    assert many.random() == one.random()
-    g, ref = np.random.default_rng(9), np.random.default_rng(9)
-    state = g.bit_generator.state
-    sample_accepted(g, a, 4, steps=10)
-    g.bit_generator.state = state
-    g.bit_generator.advance(3 * a.size * 4)
-    for _ in range(3):
-        sample_accepted(ref, a, 4)
-    np.testing.assert_array_equal(sample_accepted(g, a, 4, steps=2), sample_accepted(ref, a, 4, steps=2))
 
 
 _STAT_SEEDS = 20

@@ -8,6 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.speculative import (
+    DraftShape,
+    acceptance_draws,
     beta_params,
     expected_tokens,
     expected_tokens_table,
@@ -84,6 +86,58 @@ def test_sample_accepted_mixed_rates_and_edge_cases() -> None:
     np.testing.assert_array_equal(sample_accepted(rng, a, 4), [0, 4, 0, 4])
     assert sample_accepted(rng, np.array([0.5, 0.9]), 0).tolist() == [0, 0]
     assert sample_accepted(rng, np.array([]), 3).size == 0
+
+
+@pytest.mark.parametrize(("a", "k_max", "decay"), [(0.8, 4, 1.0), (0.55, 5, 0.9), (0.95, 3, 1.0), (0.3, 6, 0.8)])
+def test_drawn_outcomes_at_every_depth_follow_the_truncated_geometric(a: float, k_max: int, decay: float) -> None:
+    """The outcomes drawn before a run (`acceptance_draws`: leading depths passed out of k_max)
+    read at depth k <= k_max, min(outcome, k), have the pmf of k drafted tokens accepted one by
+    one until the first rejection (chi-square at 99.9%), so any k the engine picks per step draws
+    what `sample_accepted` draws with k uniforms."""
+    from scipy import stats
+
+    probs = np.full((4, k_max), a) * decay ** np.arange(k_max)
+    lead, off = acceptance_draws(np.random.default_rng(12), probs, np.full(4, N // 4))
+    assert off.tolist() == [0, N // 4, N // 2, 3 * N // 4, N]
+    out = np.frombuffer(lead, dtype=np.uint8)
+    assert out.size == N and out.max() <= k_max
+    for k in range(k_max + 1):
+        counts = np.bincount(np.minimum(out, k), minlength=k + 1)
+        expected = _pmf(a, k, decay) * N
+        keep = expected > 5
+        chi2 = float((((counts - expected) ** 2)[keep] / expected[keep]).sum())
+        assert chi2 < stats.chi2.ppf(0.999, max(1, int(keep.sum()) - 1)), (k, counts, expected)
+
+
+def test_drawn_outcomes_of_a_tree_reach_each_depth_with_its_probability() -> None:
+    """For a token tree the outcome passes depth i with the tree's P_i (any of its candidates
+    accepted): P(outcome >= i) = P_1 ... P_i, and the mean at depth k is the tree's closed form."""
+    shape = DraftShape((1.0, 1.0, 1.0, 1.0), (2, 2, 1, 1), 0.9)
+    a = np.array([0.6, 0.8])
+    probs = shape.probs(a, 4)
+    lead, off = acceptance_draws(np.random.default_rng(3), probs, np.array([N, N]))
+    out = np.frombuffer(lead, dtype=np.uint8)
+    for r in range(2):
+        x = out[off[r]: off[r + 1]]
+        surv = np.cumprod(probs[r])
+        for i in range(1, 5):
+            p = float((x >= i).mean())
+            assert abs(p - surv[i - 1]) < Z999 * np.sqrt(surv[i - 1] * (1 - surv[i - 1]) / N) + 1e-12
+        for k in range(5):
+            y = np.minimum(x, k) + 1.0
+            assert abs(y.mean() - shape.expected_tokens(float(a[r]), k)) < Z999 * y.std() / np.sqrt(N) + 1e-12
+
+
+def test_drawn_outcomes_do_not_depend_on_how_many_rows_are_drawn_at_once() -> None:
+    """The draws go request by request in row order, whatever the block size: the same bytes."""
+    rng_probs = np.random.default_rng(1)
+    probs = rng_probs.uniform(0.2, 0.95, (50, 4))
+    lengths = rng_probs.integers(0, 300, 50)
+    whole = acceptance_draws(np.random.default_rng(8), probs, lengths)
+    for chunk in (1, 7, 299, 1000):
+        part = acceptance_draws(np.random.default_rng(8), probs, lengths, chunk_rows=chunk)
+        assert part[0] == whole[0]
+        np.testing.assert_array_equal(part[1], whole[1])
 
 
 @settings(max_examples=100, deadline=None)
