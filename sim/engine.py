@@ -64,11 +64,10 @@ FUSE_MAX_DRAWS = 1 << 16
 # a fused speculative run of at most this many steps is priced step by step in scalars (measured: 8
 # steps of 2 sequences with a draft, 79 us with numpy's arrays, ~3 us a step in scalars)
 SPEC_SCALAR_STEPS = 24
-# a fused speculative segment of at most this many sequences is planned step by step in scalars
-# (`Replica._plan_spec_scalar`), drawing its uniforms this many steps at a time
-SPEC_SCALAR_SEQS = 32
-# a speculative run admitting arrivals (`Replica._spec_absorbing_run`) plans at most this many sequences
-SPEC_ABSORB_SEQS = 64
+# a speculative run of a plain chain with a fixed k starting with more sequences than this is planned by
+# numpy's arrays (`Replica._spec_run`); a smaller one, and every tree or adaptive run, step by step in
+# scalars (`Replica._spec_steps_run`)
+SPEC_STEP_SEQS = 64
 
 
 class VerifyPlan(NamedTuple):
@@ -483,9 +482,14 @@ class Replica:
         # path (trees, depth profiles, windowed self-drafts, suffix matches: `_spec_cost_many`
         # prices the plain chain only)
         spec = rt.spec
-        spec_ok = spec is None or (not self._general(spec) and (
+        spec_ok = spec is None or (self._plannable(spec) and (
             spec.draft_cost is None or (isinstance(spec.draft_cost, CostModel) and spec.draft_cost.affine_in_context)))
-        self.fuse = fuse if (spec_ok and isinstance(rt.cost, CostModel) and rt.cost.affine_in_context) else None
+        scalar = spec_ok and isinstance(rt.cost, CostModel) and rt.cost.affine_in_context
+        self.fuse = fuse if scalar else None
+        # a speculative step is priced in scalars (`_spec_step`) and planned step by step (`_plan_spec_steps`):
+        # decided by the models, not by fusion, so the unfused engine (the oracle) chooses k the same way
+        self._scalar_steps = spec is not None and scalar
+        self._decay_pows = [spec.decay ** i for i in range(spec.k)] if spec is not None else []
         s = rt.max_num_seqs
         self._ints = np.zeros((len(self._INT_FIELDS), s), dtype=np.int64)
         (self.rid,  # request id of the entry
@@ -513,6 +517,7 @@ class Replica:
         self._gone: list[tuple[float, int]] = []  # a fused run in flight: (time, sequences) completing inside it
         self._taken: list[float] = []  # a fused run in flight: the start of each admission inside it
         self._step_parts: dict[tuple[int, int, bool], Any] = {}  # `_spec_step`'s cached terms
+        self._parents_k: dict[int, list[float]] = {}  # `_parents`
         self.proc = env.process(self.run())
 
     # ------------------------------------------------------------- routing
@@ -698,11 +703,44 @@ class Replica:
         if not dec.any():
             return 0
         n = self.n_running
+        if self._scalar_steps and spec.shape is None:
+            return self._adaptive_pick(self.n_acc[:n][dec].tolist(), self.n_prop[:n][dec].tolist(),
+                                       float(self.computed[:n][dec].sum()))
         est = (self.n_acc[:n][dec] + 0.7 * 4.0) / (self.n_prop[:n][dec] + 4.0)
         if self._general(spec):
             return self._choose_k_general(dec, est)
         ctx = float(self.computed[:n][dec].sum())
         return int(self._adaptive_k(est[None, :], np.array([ctx]), int(dec.sum()))[0])
+
+    def _adaptive_pick(self, acc: list[int], prop: list[int], ctx: float) -> int:
+        """The adaptive policy's k for one step of the plain chain, in scalars: each decoding
+        sequence's acceptance estimated from its drafts accepted and proposed so far (prior 0.7,
+        weight 4), the expected tokens of each k = 0..k_max summed over them, each k priced as the
+        step itself would be (`_spec_step`), and the smallest k within rounding of the best rate.
+        The unfused step and the fused planner both choose with it (one code path: the same k)."""
+        spec = self.rt.spec
+        assert spec is not None
+        k_max = spec.k
+        n = len(acc)
+        exp = [float(n)] * (k_max + 1)
+        dp = self._decay_pows
+        for a_i, p_i in zip(acc, prop, strict=True):
+            a = (a_i + 2.8) / (p_i + 4.0)
+            surv = 1.0
+            tot = 0.0
+            for i in range(k_max):
+                surv *= a * dp[i]
+                tot += surv
+                exp[i + 1] += tot
+        best_k, rates = 0, []
+        for k in range(k_max + 1):
+            rates.append(exp[k] / self._spec_step(n, ctx, k)[0])
+        top = max(rates) * (1.0 - 1e-9)
+        for k, r in enumerate(rates):
+            if r >= top:
+                best_k = k
+                break
+        return best_k
 
     def _adaptive_k(self, est: np.ndarray, ctx: np.ndarray, n_dec: int) -> np.ndarray:
         """The adaptive policy's k for each of m steps (rows): the decoding sequences' acceptance
@@ -726,6 +764,12 @@ class Replica:
         rate = exp_tokens / total
         # the smallest k within rounding of the best
         return np.argmax(rate >= rate.max(axis=1, keepdims=True) * (1.0 - 1e-9), axis=1)
+
+    @staticmethod
+    def _plannable(spec: Any) -> bool:
+        """Whether a method's steps can be planned ahead in scalars (`_plan_spec_steps`): the chain,
+        a depth profile or a token tree; not a windowed self-draft, suffix matches or a host cost."""
+        return spec.draft_window is None and not spec.on_match and not spec.host_s_per_seq > 0
 
     @staticmethod
     def _general(spec: Any) -> bool:
@@ -919,7 +963,6 @@ class Replica:
         stalled_s = 0.0  # prefill-only steps run since the last decode while sequences were ready to decode
         decode_left = 0  # multi-step scheduling: decode steps still due before prefills are considered again
         absorbs = self._absorbs()  # fixed for the run (router, replicas, prefill mode, hooks, cache)
-        spec_absorbs = absorbs and spec is not None and spec.policy != "adaptive"
         while True:
             if self.n_running == 0 and not self.waiting:
                 self.idle = True
@@ -941,12 +984,12 @@ class Replica:
                         decode_left = (decode_left - done_steps) % rt.scheduler_steps
                         continue
                 else:
-                    if room and spec_absorbs and self.n_running <= SPEC_ABSORB_SEQS:
-                        done_steps = yield from self._spec_absorbing_run()
-                        if done_steps:
-                            decode_left = (decode_left - done_steps) % rt.scheduler_steps
-                            continue
-                    done_steps = yield from self._spec_run()
+                    done_steps = 0
+                    array = spec.shape is None and spec.policy != "adaptive"  # `_spec_run` plans it too
+                    if not array or self.n_running <= SPEC_STEP_SEQS:
+                        done_steps = yield from self._spec_steps_run(room)
+                    if not done_steps and array:
+                        done_steps = yield from self._spec_run()
                     if done_steps:
                         decode_left = (decode_left - done_steps) % rt.scheduler_steps
                         continue
@@ -1813,30 +1856,41 @@ class Replica:
             rows[:, 15] = g.over[:steps]
         return steps_all
 
-    def _spec_absorbing_run(self) -> Generator[simpy.Event, Any, int]:
-        """A fused run of speculative steps that goes on through completions and through the
-        arrivals that reach this replica (where `_absorbing_run` may: `_absorbs`), for every policy
-        that does not re-choose k from acceptance estimates (all but adaptive); returns its steps
-        (0: none planned, and nothing, the RNG included, has changed).
-
-        Planned by `_plan_spec_absorbing`: decode segments exactly as `_spec_run` plans them
-        (`_plan_spec_segment`, bounded by the next arrival that reaches this replica), and, after a
-        step during which requests arrived, the mixed step the ordinary loop takes: every running
-        sequence speculates (its KV reservation, its uniforms, its capped tokens), the arrivals are
-        admitted FCFS and prefilled whole in the budget left, priced by `_spec_cost` with the
-        ordinary step's arguments. Applied when the timeout fires, as `_absorbing_run` applies its
-        plan: admissions from the waiting queue, completions with their counters, the slot arrays
-        (the run's first sequences, then the admitted ones) and the step rows."""
-        plan = self._plan_spec_absorbing()
+    def _spec_steps_run(self, absorb: bool) -> Generator[simpy.Event, Any, int]:
+        """A fused run of speculative steps planned step by step in scalars (`_plan_spec_steps`),
+        in one timeout; returns its steps (0: none planned, take an ordinary step). `absorb`: the
+        run also admits the arrivals that reach this replica (`_absorbs`). Applied when the
+        timeout fires: admissions from the waiting queue, completions with their counters, the
+        slot arrays (the run's first sequences in their order, then the admitted ones) and the
+        step rows."""
+        plan = self._plan_spec_steps(absorb)
         if plan is None:
             return 0
-        end_s, steps, rows, done, admitted, ent, free, feed = plan
+        end_s, steps, rows, done, admitted, ent, free, feed, gone = plan
         self._taken = [start for _, start, _ in admitted]
+        self._gone = gone
         yield self.env.timeout(end_s - self.env.now)
         self._taken = []
+        self._gone = []
         reqs = self.reqs
         self._take_admitted(admitted, feed)
-        C, R, RID, _, TGT, PROP, ACC, VER, VEM, active = ent
+        C, R, RID, TGT, PROP, ACC, VER, VEM, active = ent
+        if self.cache is not None:
+            # (with a prefix cache a run admits nothing and ends at its first completion: its
+            # sequences keep their slots, and leave through `_leave`, which caches their blocks)
+            n0 = self.n_running
+            cm = np.array(C[:n0], dtype=np.int64)
+            self.computed[:n0] = cm
+            self.blocks[:n0] = (cm + (BLOCK_SIZE - 1)) // BLOCK_SIZE
+            self.gen[:n0] = self.out[:n0] - np.array(R[:n0], dtype=np.int64)
+            self.n_prop[:n0] = PROP[:n0]
+            self.n_acc[:n0] = ACC[:n0]
+            self.n_verify[:n0] = VER[:n0]
+            self.n_vemit[:n0] = VEM[:n0]
+            self.free_blocks = free - sum([(C[e] + (BLOCK_SIZE - 1)) // BLOCK_SIZE for e, _ in done])
+            self._leave(end_s)
+            self._end_absorbing(rows, admitted, feed, end_s)
+            return steps
         if done:
             es = [e for e, _ in done]
             g = np.array([RID[e] for e in es], dtype=np.int64)
@@ -1864,190 +1918,180 @@ class Replica:
             self.n_vemit[:m] = [VEM[e] for e in active]
         self.n_running = m
         self.free_blocks = free
+        if done and reqs.on_complete is not None and feed is None:  # (a run ends at the first completion then)
+            reqs.on_complete(len(done))
         self._end_absorbing(rows, admitted, feed, end_s)
         return steps
 
-    def _plan_spec_absorbing(self) -> tuple[Any, ...] | None:
-        """The plan of `_spec_absorbing_run` (see there), or None when it cannot start now: nothing
-        runs and nothing waits, a partial prefill, KV blocks beyond what the contexts hold, a
-        waiting request that cannot be admitted or was preempted, or no piece possible. The run
-        stops, before the piece that would break a rule, where the ordinary loop must decide: a
-        request that cannot be admitted and prefilled whole in its step, a step that would have to
-        preempt, a metric window boundary (cut), an arrival within NEAR of a step boundary, an
-        idle replica, the end bound or FUSE_MAX_PIECES pieces."""
+    def _plan_spec_steps(self, absorb: bool) -> tuple[Any, ...] | None:
+        """The plan of `_spec_steps_run`: the steps the unfused loop would take, one by one in plain
+        Python over the entries' scalars (context, tokens left, next outcome, counters), while
+        every running sequence decodes: each step's k by the policy (adaptive: from the entries'
+        estimates, `_adaptive_pick`), its KV reservation (k + 1 tokens capped by what is left; a
+        tree's every node, capped by the model's length), with `absorb` the FCFS admission of the
+        arrivals of the previous step prefilled whole in the budget left (`_whole_prompts`), its
+        price (`_spec_step`, or `_spec_cost` with a prefill), each decoding sequence's outcome
+        (`Requests.lead_b`), the rejected drafts' blocks released, first tokens and completions.
+
+        None when no step can be planned now: nothing runs (and, with `absorb`, nothing waits), a
+        partial prefill, KV blocks beyond what the contexts hold, a waiting request that cannot be
+        admitted (with `absorb`) or could be (without: the ordinary step admits it), a preempted
+        request waiting, or the adaptive policy over a tree. The run stops before the step that
+        would break a rule, where the ordinary loop decides: a reservation that would preempt, a
+        request that cannot be admitted whole, a step starting at the bound (without `absorb`: the
+        first arrival that could reach this replica, recomputed after completions under least
+        outstanding) or ending at the end bound, an arrival within NEAR of a step's end (with
+        `absorb`), a metric cut under follow_load (a tick may switch speculation), a completion
+        when a request waits for its slot or something outside reacts to it (`_chains`), an idle
+        replica, or FUSE_MAX_PIECES steps."""
         rt, fb, reqs = self.rt, self.fuse, self.reqs
         spec = rt.spec
         assert spec is not None and fb is not None
         n = self.n_running
         waiting = self.waiting
-        if n == 0 and not waiting:
-            return None
         max_seqs = rt.max_num_seqs
-        if n > SPEC_ABSORB_SEQS or (waiting and (n + len(waiting) > max_seqs or self.free_blocks <= 0)):
-            return None  # a large batch (numpy's arrays are cheaper there), or not all waiting can be admitted
+        if absorb:
+            if (n == 0 and not waiting) or (waiting and (n + len(waiting) > max_seqs or self.free_blocks <= 0)):
+                return None
+        elif n == 0 or (waiting and n < max_seqs and self.free_blocks > 0):
+            return None
+        policy = spec.policy
+        shape = spec.shape
+        if policy == "adaptive" and shape is not None:
+            return None  # (its k is chosen by `_choose_k_general`, over arrays)
         B = BLOCK_SIZE
         c0 = self.computed[:n]
         if n and ((c0 < self.target[:n]).any() or (self.blocks[:n] != (c0 + (B - 1)) // B).any()):
             return None
-        pending: list[int] = list(waiting)  # admitted at the next step, FCFS
+        pending: list[int] = list(waiting) if absorb else []  # admitted at the next step, FCFS
         if pending and reqs.generated[pending].any():
             return None  # a preempted request (recompute): the ordinary loop
         # the entries (the run's sequences, then the admitted ones): context, tokens left, request,
-        # its outcomes' offset, prefill target and draft counters; `active`: the running ones in slot order
+        # next outcome in `lead_b`, prefill target, draft counters; `active`: the running ones in slot order
         C: list[int] = c0.tolist()
         R: list[int] = (self.out[:n] - self.gen[:n]).tolist()
         RID: list[int] = self.rid[:n].tolist()
-        OFF: list[int] = reqs.lead_off[self.rid[:n]].tolist()
-        lead = reqs.lead_b
+        NX: list[int] = (reqs.lead_off[self.rid[:n]] + self.n_verify[:n]).tolist()
         TGT: list[int] = self.target[:n].tolist()
         PROP: list[int] = self.n_prop[:n].tolist()
         ACC: list[int] = self.n_acc[:n].tolist()
         VER: list[int] = self.n_verify[:n].tolist()
         VEM: list[int] = self.n_vemit[:n].tolist()
         active = list(range(n))
-        feed, queued, stride, j = self._arrival_source()
+        lead = reqs.lead_b
         t = self.env.now
-        _, end_bound = fb.next_s(t, self.idx)
+        least = False
+        feed: SendFeed | None = None
+        queued: list[float] = []
+        stride = j = 0
+        if absorb:
+            feed, queued, stride, j = self._arrival_source()
+            _, end_bound = fb.next_s(t, self.idx)
+            bound = math.inf
+        else:
+            bound, end_bound = fb.next_s(t, self.idx)
+            least = fb.routing is not None and fb.routing[3] == "least_outstanding"
+        chains = absorb or self._chains()
+        blocked = bool(waiting) and not absorb  # a request waits for a slot or a block: a completion would admit it
         num_blocks = rt.plan.num_blocks
         budget_max = rt.max_num_batched_tokens
+        max_len = rt.max_model_len
         free = self.free_blocks
-        held = sum((x + (B - 1)) // B for x in C)
+        held = sum([(x + (B - 1)) // B for x in C])
+        ctx = sum(C)
         idx = self.idx
-        policy, k_max = spec.policy, spec.k
+        k_max = spec.k
         fixed_k = (k_max if self.speculating else 0) if policy == "follow_load" else k_max
+        tree = shape is not None and not shape.chain
         rows: list[tuple[float, ...]] = []
         done: list[tuple[int, float]] = []  # (entry, completion time), in the order they leave
+        gone: list[tuple[float, int]] = []  # (time, sequences) completing inside the run
         admitted: list[tuple[int, float, float]] = []
-        steps = pieces = 0
-        min_steps = 2
+        steps = 0
         # step rows are one per step, so metric windows need no cut; speculation that follows the load
         # may switch at one (a FollowLoad tick): there the run ends
         cut = fb.next_cut_s(t) if policy == "follow_load" else math.inf
-        while pieces < FUSE_MAX_PIECES and t < cut:
+        waiting_now = len(waiting)
+        while steps < FUSE_MAX_PIECES and t < cut and t < bound:
             n = len(active)
-            if n > SPEC_ABSORB_SEQS:
-                break
-            k = (0 if n > spec.disable_batch_size else k_max) if policy == "disable_above_batch" else fixed_k
+            if blocked and n < max_seqs and free > 0:
+                break  # a waiting request could now be admitted: the ordinary step takes it
+            if policy == "adaptive":
+                k = self._adaptive_pick([ACC[e] for e in active], [PROP[e] for e in active], float(ctx)) if n else 0
+            elif policy == "disable_above_batch":
+                k = 0 if n > spec.disable_batch_size else k_max
+            else:
+                k = fixed_k
             q = k + 1
-            if not pending:
-                # ---- a decode segment from time t, as `_spec_run` plans it
-                if not n:
-                    break
-                arr_s = queued[j] * (1.0 - 1e-15) if j < len(queued) else math.inf
-                bound = arr_s if arr_s < cut else cut
-                seg = self._plan_spec_segment(t, np.array([C[e] for e in active], dtype=np.int64),
-                                              np.array([R[e] for e in active], dtype=np.int64),
-                                              np.array([OFF[e] + VER[e] for e in active], dtype=np.int64), k, free,
-                                              held, bound, end_bound,
-                                              min_steps)
-                if seg is None:
-                    break
-                st = seg.steps
-                other = num_blocks - free - held  # blocks neither free nor held by a running sequence
-                got = seg.got.tolist()
-                acc_sum = seg.acc_sum.tolist() if seg.acc_sum is not None else None
-                for pos, e in enumerate(active):
-                    x = got[pos]
-                    C[e] += x
-                    R[e] -= x
-                    if acc_sum is not None:
-                        PROP[e] += k * st
-                        ACC[e] += acc_sum[pos]
-                        VER[e] += st
-                        VEM[e] += x
-                free -= seg.held_all - held
-                held = seg.held_all
-                t = seg.end_s
-                sends = 0
-                if seg.finishing:
-                    keep = []
-                    for e in active:
-                        if R[e] <= 0:
-                            done.append((e, t))
-                        else:
-                            keep.append(e)
-                    if feed is not None:
-                        sends = feed.complete(t, len(active) - len(keep), pending)
-                    active = keep
-                    free += seg.held_gone
-                    held -= seg.held_gone
-                split = t >= bound
-                waits, stop = 0, False
-                if split:
-                    a0 = len(pending)
-                    j, waits, stop = self._arrived(queued, j, stride, t, pending)
-                    if feed is not None and waits:
-                        pending[a0:] = [feed.rids[x] for x in pending[a0:]]
-                starts, total, per_step = seg.starts.tolist(), seg.total.tolist(), seg.per_step.tolist()
-                target, over = seg.target.tolist(), seg.over.tolist()
-                flops, nbytes = seg.flops.tolist(), seg.nbytes.tolist()
-                draft = seg.draft.tolist() if isinstance(seg.draft, np.ndarray) else [seg.draft] * st
-                used = (seg.held_after + other).tolist()
-                used.append(num_blocks - free)
-                for s_ in range(st):
-                    rows.append((idx, starts[s_], total[s_], n, n, 0.0, n * q, per_step[s_], k, used[s_],
-                                 0 if s_ < st - 1 else (-1 if stop else waits + sends), flops[s_], nbytes[s_],
-                                 target[s_], draft[s_], over[s_], total[s_], 1, 0.0))
-                steps += st
-                pieces += 1
-                min_steps = 1
-                if stop or (not active and not pending) or t >= end_bound or (feed is not None and feed.exhausted):
-                    break
-                if not pending and (split or not seg.finishing):
-                    break  # a cut, the KV blocks or the longest segment planned at once ended it
-                continue
-            # ---- the mixed step at time t admitting the `pending` requests (the ordinary step's rules)
+            qv = spec.verify_tokens(k) if (tree and k) else q
+            # the KV reservation of the decoding sequences (all of them)
             if q == 1:
                 need = sum([(C[e] + B) // B for e in active]) - held
+            elif qv != q:
+                need = sum([(C[e] + (qv if qv < max_len - C[e] else max_len - C[e]) + (B - 1)) // B
+                            for e in active]) - held
             else:
                 need = sum([(C[e] + (q if q < R[e] else R[e]) + (B - 1)) // B for e in active]) - held
             if need > free:
                 break  # it would preempt: the ordinary loop
-            free2 = free - need
-            whole = self._whole_prompts(pending, budget_max - n * q, n, free2)
-            if whole is None:
+            n_pre = 0
+            if pending:
+                whole = self._whole_prompts(pending, budget_max - n * qv, n, free - need)
+                if whole is None:
+                    break
+                chunks, _, (pre_tokens, pre_ctx, pre_pairs) = whole
+                n_pre = len(chunks)
+                plan = (VerifyPlan(float(n) * qv, float(ctx) * qv + float(n) * (qv * qv if tree else qv * (qv + 1) / 2.0),
+                                   float(n), float(ctx)) if shape is not None and k and n else None)
+                cost = self._spec_cost(n, float(ctx) if n else 0.0, k, n_pre, pre_tokens, pre_ctx, pre_pairs, plan)
+            elif n:
+                cost = self._spec_step(n, float(ctx), k)
+            else:
                 break
-            chunks, free2, (pre_tokens, pre_ctx, pre_pairs) = whole
-            n_pre = len(chunks)
-            ctx_dec = float(sum([C[e] for e in active])) if n else 0.0
-            total_s, target_s, draft_s, over_s, flops_s, nbytes_s = self._spec_cost(
-                n, ctx_dec, k, n_pre, pre_tokens, pre_ctx, pre_pairs, None)
-            end = t + total_s
+            total = cost[0]
+            end = t + total
             if end >= end_bound:
                 break
-            step_rids = pending
-            j, pending, waits, near = self._arrived_at(queued, j, stride, end, feed)
-            if near:  # an arrival at its end: which comes first is SimPy's
-                break
-            # the step is taken: the decoding sequences' outcomes, then the admissions
+            arrived: list[int] = []
+            waits = 0
+            if absorb:
+                j, arrived, waits, near = self._arrived_at(queued, j, stride, end, feed)
+                if near:  # an arrival at its end: which comes first is SimPy's
+                    break
+            # the step is taken: the decoding sequences' outcomes, then the admissions, then completions
             emitted = 0
-            if n and k:
+            if k:
                 for e in active:
-                    a = lead[OFF[e] + VER[e]]
+                    a = lead[NX[e]]
                     if a > k:
                         a = k
-                    x = a + 1 if a + 1 < R[e] else R[e]
+                    NX[e] += 1
+                    x = a + 1
+                    r = R[e]
+                    if x > r:
+                        x = r
                     PROP[e] += k
                     ACC[e] += a
                     VER[e] += 1
                     VEM[e] += x
                     C[e] += x
-                    R[e] -= x
+                    R[e] = r - x
                     emitted += x
             else:
                 for e in active:
                     C[e] += 1
                     R[e] -= 1
                 emitted = n
+            ctx += emitted
             held2 = sum([(C[e] + (B - 1)) // B for e in active])
             free -= held2 - held
             held = held2
-            for rid, chunk in zip(step_rids, chunks, strict=True):
+            for rid, chunk in zip(pending, chunks, strict=True) if n_pre else ():
                 e = len(C)
                 C.append(chunk)
                 R.append(int(reqs.output[rid]) - 1)  # its first token, sampled at the end of its prefill
                 RID.append(rid)
-                OFF.append(int(reqs.lead_off[rid]))
+                NX.append(int(reqs.lead_off[rid]))
                 TGT.append(chunk)
                 PROP.append(0)
                 ACC.append(0)
@@ -2057,30 +2101,46 @@ class Replica:
                 nb = -(-chunk // B)
                 free -= nb
                 held += nb
+                ctx += chunk
                 admitted.append((rid, t, end))
             emitted += n_pre
             t_start, t = t, end
-            keep = []
-            for e in active:
-                if R[e] <= 0:
+            left = [e for e in active if R[e] <= 0]
+            sends = 0
+            if left:
+                for e in left:
                     done.append((e, t))
                     nb = (C[e] + (B - 1)) // B
                     free += nb
                     held -= nb
-                else:
-                    keep.append(e)
-            sends = feed.complete(t, len(active) - len(keep), pending) if feed is not None else 0
-            active = keep
-            rows.append((idx, t_start, total_s, n + n_pre, n, pre_tokens, n * q, emitted, k, num_blocks - free,
-                         waits + sends, flops_s, nbytes_s, target_s, draft_s, over_s, total_s if n else 0.0, 1, 0.0))
+                    ctx -= C[e]
+                active = [e for e in active if R[e] > 0]
+                gone.append((t, len(left)))
+                if feed is not None:
+                    sends = feed.complete(t, len(left), arrived)
+            pending = arrived
+            last = not chains or (left and blocked) or (not absorb and t >= bound)
+            # the requests waiting at its end: those that arrived during it (and a closed loop's sends);
+            # without `absorb` nothing arrives before the bound (the run's last step's is read at its end)
+            w = waits + sends if absorb else waiting_now
+            rows.append((idx, t_start, total, n + n_pre, n, pre_tokens if n_pre else 0.0, n * qv, emitted, k,
+                         num_blocks - free, w, cost[4], cost[5], cost[1], cost[2], cost[3], total if n else 0.0, 1,
+                         0.0))
             steps += 1
-            pieces += 1
-            min_steps = 1
             if (not active and not pending) or t >= end_bound or (feed is not None and feed.exhausted):
+                break
+            if left and last:
+                break
+            if left and least:  # (never past the run's first bounds, as `_spec_run`)
+                b2, e2 = fb.next_s(t, self.idx, outstanding=len(active))
+                bound, end_bound = min(bound, b2), min(end_bound, e2)
+            if not absorb and t >= bound:
                 break
         if not rows:
             return None
-        return t, steps, rows, done, admitted, (C, R, RID, OFF, TGT, PROP, ACC, VER, VEM, active), free, feed
+        if not absorb and rows[-1][10] >= 0:  # (the last step's waiting count, read at the run's end)
+            rows[-1] = (*rows[-1][:10], -1, *rows[-1][11:])
+        return t, steps, rows, done, admitted, (C, R, RID, TGT, PROP, ACC, VER, VEM, active), free, feed, gone
 
     def _plan_spec_segment(self, now: float, c: np.ndarray, rem: np.ndarray, nxt: np.ndarray, k: int,
                            free: int, held_sum: int, bound: float, end_bound: float,
@@ -2107,9 +2167,6 @@ class Replica:
                 max(2, FUSE_MAX_DRAWS // (n * max(k, 1))))
         if m < min_steps:
             return None
-        if n <= SPEC_SCALAR_SEQS and spec.policy != "adaptive":
-            return self._plan_spec_scalar(now, c, rem, nxt, k, free, held_sum, bound, end_bound, min_steps, m, ctx0,
-                                          first)
         # 1. the candidate steps' outcomes: accepted drafts, tokens emitted (capped at what is left;
         # no sequence runs out of outcomes: m <= the tokens it has left)
         if k:
@@ -2132,13 +2189,6 @@ class Replica:
                 steps = int(np.argmin(fits))
         per_step = emit.sum(axis=1)
         ctx = (np.cumsum(per_step) - per_step + ctx0)[:steps]
-        # 3. the adaptive policy keeps k at every step of the run
-        if spec.policy == "adaptive" and steps > 1:
-            est = (self.n_acc[:n] + (np.cumsum(acc[:steps], axis=0) - acc[:steps] if k else 0) + 0.7 * 4.0) / (
-                self.n_prop[:n] + k * np.arange(steps)[:, None] + 4.0)
-            same = self._adaptive_k(est[1:], ctx[1:], n) == k
-            if not same.all():
-                steps = 1 + int(np.argmin(same))
         # 4. each step's cost, its start (the unfused clock: sequential sums) and the time bounds
         total, target, draft, over, flops, nbytes = self._spec_cost_many(n, ctx[:steps], k)
         starts = np.cumsum(np.concatenate(([now], total)))
@@ -2160,126 +2210,14 @@ class Replica:
             finishing, c_after, rem_after, held_all,
             int(((c_after[done] + (BLOCK_SIZE - 1)) // BLOCK_SIZE).sum()) if finishing else 0)
 
-    def _plan_spec_scalar(self, now: float, c: np.ndarray, rem: np.ndarray, nxt: np.ndarray, k: int,
-                          free: int, held_sum: int, bound: float, end_bound: float, min_steps: int, m: int,
-                          ctx0: float, first: tuple[float, ...]) -> SpecSegment | None:
-        """`_plan_spec_segment` for a small batch (at most SPEC_SCALAR_SEQS sequences) and a
-        policy that keeps k (all but adaptive), step by step in plain Python over scalars: the
-        same outcomes (read from `Requests.lead_b`), each step priced by `_spec_step` and timed by
-        the same sequential sums, and each stopping rule (a sequence finishing, a reservation that
-        would not fit, a step starting at the bound or ending past the end bound) applied at the
-        first step where the array planner's would cut: the same segment, to the bit, at a
-        fraction of numpy's per-call cost on arrays this short (tests/test_fusion.py compares the
-        two)."""
-        B = BLOCK_SIZE
-        n = c.size
-        q = k + 1
-        cl: list[int] = c.tolist()
-        rl: list[int] = rem.tolist()
-        lead = self.reqs.lead_b
-        nl: list[int] = nxt.tolist()
-        cum = [0] * n  # tokens each sequence emitted in the segment's steps so far (uncapped)
-        acc_sum = [0] * n
-        got = [0] * n
-        # the KV reservation surely fits when every sequence could take m x (k + 1) more tokens
-        check_kv = free < n * ((m * q) // B + 1)
-        room = free + held_sum
-        starts = [now]
-        totals: list[float] = []
-        targets: list[float] = []
-        drafts: list[float] = []
-        overs: list[float] = []
-        flops_l: list[float] = []
-        bytes_l: list[float] = []
-        per_step: list[int] = []
-        held_after: list[int] = []
-        t = now
-        sum_emit = 0  # tokens emitted before this step, all sequences (the context grown)
-        finishing = False
-        steps = 0
-        while steps < m:
-            j = steps
-            if t >= bound:
-                break
-            if check_kv:
-                if q == 1:
-                    need = sum((cl[i] + cum[i] + B) // B for i in range(n))
-                else:
-                    need = 0
-                    for i in range(n):
-                        left = rl[i] - cum[i]
-                        need += (cl[i] + cum[i] + (q if q < left else left) + (B - 1)) // B
-                if need > room:
-                    break
-            cost = self._spec_step(n, ctx0 + sum_emit, k) if j else first
-            total = cost[0]
-            end = t + total
-            if end >= end_bound:
-                break
-            # this step's outcomes
-            emitted = 0
-            if k:
-                for i in range(n):
-                    a = lead[nl[i] + j]
-                    if a > k:
-                        a = k
-                    acc_sum[i] += a
-                    e = a + 1
-                    before = cum[i]
-                    left = rl[i] - before
-                    if e >= left:
-                        e = left
-                        finishing = True
-                    cum[i] = before + a + 1
-                    got[i] += e
-                    emitted += e
-            else:
-                for i in range(n):
-                    cum[i] += 1
-                    got[i] += 1
-                    if cum[i] >= rl[i]:
-                        finishing = True
-                emitted = n
-            totals.append(total)
-            targets.append(cost[1])
-            drafts.append(cost[2])
-            overs.append(cost[3])
-            flops_l.append(cost[4])
-            bytes_l.append(cost[5])
-            per_step.append(emitted)
-            sum_emit += emitted
-            t = end
-            starts.append(t)
-            steps += 1
-            if finishing:
-                break
-            if steps < m:
-                held_after.append(sum((cl[i] + cum[i] + (B - 1)) // B for i in range(n)))
-        if steps < min_steps or steps < 1:
-            return None
-        if len(held_after) == steps:  # (the last step's blocks are known after the segment)
-            held_after.pop()
-        got_a = np.array(got, dtype=np.int64)
-        c_after = c + got_a
-        rem_after = rem - got_a
-        ca = c_after.tolist()
-        held_all = sum((x + (B - 1)) // B for x in ca)
-        held_gone = sum((x + (B - 1)) // B for x, r in zip(ca, rem_after.tolist(), strict=True) if r <= 0)
-        spec = self.rt.spec
-        assert spec is not None
-        draft: np.ndarray | float = np.array(drafts) if spec.draft_cost is not None and k > 0 else 0.0
-        return SpecSegment(
-            n, k, steps, t, np.array(starts), np.array(totals), np.array(targets), draft, np.array(overs),
-            np.array(flops_l), np.array(bytes_l), np.array(per_step, dtype=np.int64), got_a,
-            np.array(acc_sum, dtype=np.int64) if k else None, np.array(held_after, dtype=np.int64),
-            finishing, c_after, rem_after, held_all, held_gone)
-
     def _spec_step(self, n_dec: int, ctx: float, k: int) -> tuple[float, float, float, float, float, float]:
         """`_spec_cost` of one decode-only step (every sequence decoding, no prefill) at context
         sum `ctx`, in scalars with its operations in its order (bit-identical: the additions of
         an empty prefill, x + 0.0, are x), each pass priced as `CostModel.pass_sums` prices it, inline
         from the terms that depend on the batch and k only (`_spec_step_parts`, cached per batch, k
         and whether speculation is on): a short fused run's steps cost less so than with numpy."""
+        if k and self.rt.spec is not None and self.rt.spec.shape is not None:
+            return self._shape_step(n_dec, ctx, k)
         key = (n_dec, k, self.speculating)
         pr = self._step_parts.get(key)
         if pr is None:
@@ -2318,6 +2256,48 @@ class Replica:
         else:
             over = total * frac
         return step + over, total, draft, over, flops, nbytes
+
+    def _shape_step(self, n_dec: int, ctx: float, k: int) -> tuple[float, float, float, float, float, float]:
+        """`_spec_step` for a depth profile or a token tree (k > 0): `_spec_cost` of the decode-only
+        step with the verification plan `_verify_plan` makes (every sequence verifying its q =
+        `verify_tokens(k)` tokens, a tree's attention tile q x q) and the draft passes of
+        `_draft_sums`, each pass priced by `CostModel.pass_sums` (bit-identical to `step_sums`)."""
+        rt = self.rt
+        spec = rt.spec
+        cost = rt.cost
+        assert spec is not None and spec.shape is not None and isinstance(cost, CostModel)
+        q = spec.verify_tokens(k)
+        tri = q * q if not spec.shape.chain else q * (q + 1) / 2.0
+        nd = float(n_dec)
+        total, fl, by = cost.pass_sums(n_dec, nd * q + 0.0, ctx + 0.0, (ctx * q + nd * tri) + 0.0)
+        flops, nbytes = fl * cost.tp, by * cost.tp
+        draft_s = 0.0
+        dc = spec.draft_cost
+        if dc is not None:
+            assert isinstance(dc, CostModel)
+            t = f = b = 0.0
+            for i, p in enumerate(self._parents(k)):
+                c_i = ctx + nd * i
+                d_t, d_f, d_b = dc.pass_sums(round(nd), nd * p, c_i, p * (c_i + nd), False)
+                t += d_t
+                f += d_f * dc.tp
+                b += d_b * dc.tp
+            draft_s += t
+            flops += f
+            nbytes += b
+        over = 0.0
+        if self.speculating:
+            over = cost.pass_sums(n_dec, n_dec, ctx, ctx + n_dec)[0] * self._overhead_frac(n_dec)
+        return total + draft_s + over, total, draft_s, over, flops, nbytes
+
+    def _parents(self, k: int) -> list[float]:
+        """Tokens the drafter runs on at each depth 1..k (`DraftShape.parents`), cached per k."""
+        got = self._parents_k.get(k)
+        if got is None:
+            spec = self.rt.spec
+            assert spec is not None and spec.shape is not None
+            got = self._parents_k[k] = [float(x) for x in spec.shape.parents(k)]
+        return got
 
     def _spec_step_parts(self, n_dec: int, k: int) -> tuple[Any, ...]:
         """`_spec_step`'s terms that depend on the batch and k only (a fused replica's models have

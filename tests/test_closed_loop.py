@@ -70,11 +70,13 @@ def test_think_time_obeys_the_response_time_law(make_scenario, think) -> None:
 
 
 def test_think_times_have_their_own_stream_and_leave_the_others_alone(make_scenario) -> None:
-    """'think' is the last stream: every earlier stream keeps the value it had with six streams,
-    and a closed loop with think times shares its lengths and classes with one without."""
-    assert STREAMS[-1] == "think" and STREAMS[:6] == ("arrivals", "prompt", "output", "classes", "acceptance", "engine")
-    old = [np.random.default_rng(c).random() for c in np.random.SeedSequence(7).spawn(6)]
-    assert [streams(7)[name].random() for name in STREAMS[:6]] == old
+    """Streams are appended ('think' after the first six, then 'verify'): every earlier stream keeps
+    the value it had with six streams, and a closed loop with think times shares its lengths and
+    classes with one without."""
+    assert STREAMS[6:] == ("think", "verify") and STREAMS[:6] == ("arrivals", "prompt", "output", "classes",
+                                                                 "acceptance", "engine")
+    old = [np.random.default_rng(c).random() for c in np.random.SeedSequence(7).spawn(7)]
+    assert [streams(7)[name].random() for name in STREAMS[:7]] == old
     plain = generate(_closed(make_scenario, concurrency=4, num_requests=300).workload, 3, None)
     thinking = generate(_closed(make_scenario, concurrency=4, num_requests=300,
                                 think_time_s={"dist": "exponential", "mean": 2.0}).workload, 3, None)

@@ -288,6 +288,14 @@ _SPEC_MATRIX = {
     "ngram-separate-multistep": dict(deployment={"engine": "vllm-0.6", "scheduler_steps": 4},
                                      speculative={"method": "ngram", "num_speculative_tokens": 3},
                                      workload={"rate_rps": 3.0, "duration_s": 30.0, "warmup_s": 5.0}),
+    "eagle3-tree": dict(speculative={"method": "tree", "tree_drafter": "eagle3", "num_speculative_tokens": 4,
+                                     "tree_branching": [2, 2, 1, 1]}, workload={"rate_rps": 3.0, "duration_s": 30.0}),
+    "draft-profile-disable": dict(speculative={**_DRAFT, "acceptance_profile": [1.0, 0.9, 0.7, 0.5],
+                                               "policy": "disable_above_batch", "disable_batch_size": 5},
+                                  workload={"rate_rps": 3.0, "duration_s": 30.0}),
+    "tree-2-replicas-least": dict(rack={"gpu": "h100-sxm", "num_gpus": 8},
+                                  speculative={"method": "tree", "num_speculative_tokens": 3, "tree_branching": [3, 1, 1]},
+                                  workload={"rate_rps": 6.0, "duration_s": 25.0}),
     "2-replicas-rr": dict(rack={"gpu": "h100-sxm", "num_gpus": 8}, deployment={"router": "round_robin"},
                           speculative=_DRAFT, workload={"rate_rps": 4.0, "duration_s": 30.0}),
     "2-replicas-least": dict(rack={"gpu": "h100-sxm", "num_gpus": 8}, speculative=_DRAFT,
@@ -314,8 +322,8 @@ def _same_kv(unfused: pd.DataFrame, fused: pd.DataFrame) -> None:
 
 @pytest.fixture
 def spec_run_counter(monkeypatch):
-    """Counts the steps advanced by fused speculative runs (`Replica._spec_run`, and
-    `Replica._spec_absorbing_run` where runs admit arrivals; "absorbing": the latter's runs)."""
+    """Counts the steps advanced by fused speculative runs (`Replica._spec_run` and
+    `Replica._spec_steps_run`; "absorbing": the latter's runs that admitted arrivals)."""
     from sim import engine
 
     seen = {"runs": 0, "steps": 0, "absorbing": 0}
@@ -323,18 +331,18 @@ def spec_run_counter(monkeypatch):
     def counting(name: str):
         inner = getattr(engine.Replica, name)
 
-        def counted(self):
-            steps = yield from inner(self)
+        def counted(self, *args):
+            steps = yield from inner(self, *args)
             seen["runs"] += bool(steps)
             seen["steps"] += steps
-            if name == "_spec_absorbing_run":
+            if args and args[0]:
                 seen["absorbing"] += bool(steps)
             return steps
 
         monkeypatch.setattr(engine.Replica, name, counted)
 
     counting("_spec_run")
-    counting("_spec_absorbing_run")
+    counting("_spec_steps_run")
     return seen
 
 
@@ -360,25 +368,23 @@ def test_speculative_fused_equals_unfused(make_scenario, spec_run_counter, name:
 
 @pytest.mark.parametrize(("name", "chains"), [("draft-fixed", True), ("2-replicas-rr", True), ("2-replicas-least", True),
                                            ("2-replicas-least-backlog", False), ("draft-disable-above-batch", True),
-                                           ("draft-adaptive", False), ("closed", True), ("closed-trtllm", True)])
+                                           ("draft-adaptive", True), ("closed", True), ("closed-trtllm", True)])
 def test_speculative_runs_go_on_through_completions_only_where_nothing_reacts(
         make_scenario, monkeypatch, name: str, chains: bool) -> None:
-    """A speculative run whose segment ends with sequences finishing goes on with the smaller
-    batch (open loop, nothing waiting, k not re-chosen from acceptance estimates): many
-    completions fall inside runs. Under the adaptive policy, with requests waiting for a slot (an
-    overloaded rack: a completion admits one), or in a closed loop (a completion sends the next
-    request), a run ends at its first completion."""
+    """A speculative run goes on through its sequences' completions with the smaller batch (an
+    open loop, nothing waiting): many completions fall inside runs. With requests waiting for a
+    slot (an overloaded rack: a completion admits one) a run ends at its first completion."""
     from sim import engine
 
     seen = {"runs": 0, "segments": 0, "inside": 0}
-    plan = engine.Replica._plan_spec_segment
+    plan_seg, plan_steps = engine.Replica._plan_spec_segment, engine.Replica._plan_spec_steps
 
     def counting(name: str):
         inner = getattr(engine.Replica, name)
 
-        def counted(self):
+        def counted(self, *args):
             before = seen["segments"]
-            steps = yield from inner(self)
+            steps = yield from inner(self, *args)
             if steps:
                 seen["runs"] += 1
             else:
@@ -388,17 +394,25 @@ def test_speculative_runs_go_on_through_completions_only_where_nothing_reacts(
         monkeypatch.setattr(engine.Replica, name, counted)
 
     def planned(self, *args):
-        seg = plan(self, *args)
+        seg = plan_seg(self, *args)
         if seg is not None:
             seen["segments"] += 1
         return seg
 
+    def planned_steps(self, *args):
+        got = plan_steps(self, *args)
+        if got is not None:  # completions before the run's end
+            seen["inside"] += sum(count for t, count in got[8] if t < got[0])
+        return got
+
     counting("_spec_run")
-    counting("_spec_absorbing_run")
+    counting("_spec_steps_run")
     monkeypatch.setattr(engine.Replica, "_plan_spec_segment", planned)
+    monkeypatch.setattr(engine.Replica, "_plan_spec_steps", planned_steps)
     sim = simulate(make_scenario(**_SPEC_MATRIX[name]).with_overrides({"sim.fuse_steps": True}), 1)
     assert seen["runs"] > (0 if chains else 20)
-    inside = seen["segments"] - seen["runs"]  # each segment but a run's last ended with a completion
+    # each segment but a run's last ended with a completion
+    inside = seen["inside"] + max(0, seen["segments"] - seen["runs"])
     done = int(sim.requests.completion_s.notna().sum())
     if chains:
         assert inside > 0.2 * done, (seen, done)
@@ -531,58 +545,20 @@ def _segment_columns(seg: Any) -> dict[str, Any]:
     return out
 
 
-def test_scalar_speculative_segments_are_the_array_planners_bit_for_bit(make_scenario, monkeypatch) -> None:
-    """`_plan_spec_scalar` (small batches, step by step in scalars) plans the segment the array
-    planner plans from the same state: every figure to the last bit, on random states (batches of
-    1-32, k of 0-5, tight KV, time and end bounds, either minimum, speculation switched off), each
-    sequence reading its outcomes from its own place in the requests' stream."""
-    import simpy
-
+@pytest.mark.parametrize("name", ["draft-fixed", "ngram-spread", "draft-disable-above-batch", "2-replicas-least",
+                                  "2-replicas-least-backlog", "closed"])
+def test_array_planned_speculative_runs_are_the_unfused_engine(make_scenario, monkeypatch, spec_run_counter,
+                                                              name: str) -> None:
+    """Large batches of a plain chain are planned by numpy's arrays (`_spec_run`,
+    `_plan_spec_segment`) instead of step by step: forced on every batch, still the unfused engine."""
     from sim import engine
-    from sim.engine import Replica, Requests, StepLog
 
-    one = np.zeros(1)
-    reqs = Requests(one, one.astype(np.int64) + 1, one.astype(np.int64) + 1, one)
-    stream = np.random.default_rng(5).integers(0, 6, 200_000).astype(np.uint8)
-    reqs.set_draws(stream.tobytes(), np.array([0, stream.size], dtype=np.int64))
-    reps = []
-    for spec in (_DRAFT, {"method": "eagle", "num_speculative_tokens": 5, "acceptance_decay": 0.9},
-                 {"method": "ngram", "num_speculative_tokens": 3}, {**_DRAFT, "policy": "disable_above_batch"}):
-        rt = build_runtime(make_scenario(speculative=spec))
-        reps.append(Replica(simpy.Environment(), 0, rt, reqs, np.random.default_rng(0), StepLog()))
-    rng = np.random.default_rng(11)
-    seen = {"none": 0, "finishing": 0, "kv": 0}
-    for trial in range(1500):
-        rep = reps[trial % len(reps)]
-        n = int(rng.integers(1, 33))
-        k = int(rng.choice([0, 1, 2, 4, rep.rt.spec.k]))
-        c = rng.integers(1, 3000, n).astype(np.int64)
-        rem = rng.integers(1, 80 if rng.random() < 0.5 else 400, n).astype(np.int64)
-        nxt = rng.integers(0, stream.size - 400, n).astype(np.int64)
-        held = int(((c + 15) // 16).sum())
-        free = int(rng.integers(0, 12 * n)) if rng.random() < 0.4 else 10**6
-        now = float(rng.uniform(0.0, 100.0))
-        d = rep._spec_step(n, float(c.sum()), k)[0]
-        bound = now + d * float(rng.uniform(0.5, 60.0)) if rng.random() < 0.8 else 1e7
-        end_bound = now + d * float(rng.uniform(0.5, 80.0)) if rng.random() < 0.5 else 1e7
-        min_steps = int(rng.choice([1, 2]))
-        rep.speculating = bool(rng.random() < 0.9)
-        got = []
-        for scalar in (False, True):
-            monkeypatch.setattr(engine, "SPEC_SCALAR_SEQS", 64 if scalar else 0)
-            seg = rep._plan_spec_segment(now, c.copy(), rem.copy(), nxt.copy(), k, free, held, bound, end_bound,
-                                         min_steps)
-            got.append(None if seg is None else _segment_columns(seg))
-        assert got[1] == got[0], (trial, n, k)
-        if got[0] is None:
-            seen["none"] += 1
-            continue
-        seen["finishing"] += got[0]["finishing"]
-        if free < 10**6:  # the reservation bound the segment (the same state with room to spare goes further)
-            roomy = rep._plan_spec_segment(now, c.copy(), rem.copy(), nxt.copy(), k, 10**6, held, bound, end_bound,
-                                           min_steps)
-            seen["kv"] += roomy is None or roomy.steps != got[0]["steps"]
-    assert min(seen.values()) >= 20, seen
+    monkeypatch.setattr(engine, "SPEC_STEP_SEQS", 0)
+    on, off = _both(make_scenario(**_SPEC_MATRIX[name]))
+    assert spec_run_counter["steps"] >= 2 * spec_run_counter["runs"] > 0
+    _same_requests(off.requests, on.requests)
+    _same_steps(off.steps, on.steps)
+    _same_kv(off.steps, on.steps)
 
 
 _STAT_SEEDS = 20
@@ -796,12 +772,12 @@ def test_follow_load_switches_every_second_under_least_outstanding_fuse_exactly(
 
 
 @pytest.mark.parametrize("spec", [
-    {"method": "tree", "num_speculative_tokens": 3, "tree_branching": [2, 2, 1]},
     {"method": "self_spec", "num_speculative_tokens": 3},
-], ids=["tree", "self_spec"])
+    {"method": "tree", "num_speculative_tokens": 3, "tree_branching": [2, 2, 1], "policy": "adaptive"},
+], ids=["self_spec", "tree-adaptive"])
 def test_general_speculation_methods_are_not_fused(make_scenario, spec_run_counter, spec) -> None:
-    """Trees, depth profiles, windowed self-drafts and suffix matches price steps on the general path,
-    which `_spec_cost_many` does not reproduce: they run step by step (still exact, trivially)."""
+    """A windowed self-draft's cost is not affine in the context, and the adaptive policy over a
+    tree chooses k over arrays: they run step by step (still exact, trivially)."""
     sc = make_scenario(speculative=spec, workload={"rate_rps": 1.0, "duration_s": 15.0})
     res = simulate(sc, 1)
     assert spec_run_counter["runs"] == 0 and (res.steps["count"] == 1).all()
