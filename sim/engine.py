@@ -48,6 +48,7 @@ from sim.prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
     from sim.deployment import ReplicaRuntime
+    from sim.joint import Piece, RackPlanner
 
 STEP_COLUMNS = (
     "replica", "start_s", "duration_s", "batch_size", "decode_seqs", "prefill_tokens", "decode_tokens", "emitted_tokens",
@@ -135,6 +136,18 @@ class SpecSegment(NamedTuple):
     held_gone: int
     leaving: int = 0  # sequences finishing at its end, when the run goes on after it
     stay: np.ndarray | None = None  # ... and which stay
+
+
+def exact_delay(now: float, end_s: float) -> float:
+    """A delay that SimPy adds to `now` to land exactly on `end_s` (end_s - now may miss it by an
+    ulp): a planned piece ends at the very time its plan counted with (`sim.joint`)."""
+    d = end_s - now
+    for _ in range(8):
+        s = now + d
+        if s == end_s:
+            break
+        d = math.nextafter(d, math.inf if s < end_s else -math.inf)
+    return d
 
 
 class StepLog:
@@ -515,9 +528,14 @@ class Replica:
         self.idle = True
         self.speculating = True  # speculative.policy "follow_load": switched by sim.fleet.FollowLoad
         self._gone: list[tuple[float, int]] = []  # a fused run in flight: (time, sequences) completing inside it
+        # a piece of the joint plan in flight: its completion times and the sequences completed before each
+        # (_gone_n[i]: those before _gone_t[i]; one entry more), so `outstanding` bisects a long piece's list
+        self._gone_t: list[float] = []
+        self._gone_n: list[int] = [0]
         self._taken: list[float] = []  # a fused run in flight: the start of each admission inside it
         self._step_parts: dict[tuple[int, int, bool], Any] = {}  # `_spec_step`'s cached terms
         self._parents_k: dict[int, list[float]] = {}  # `_parents`
+        self.rack: RackPlanner | None = None  # least outstanding over several replicas: planned jointly (sim/joint.py)
         self.proc = env.process(self.run())
 
     # ------------------------------------------------------------- routing
@@ -528,6 +546,8 @@ class Replica:
         o = self.n_running + len(self.waiting)
         if self._gone:  # (a list: empty is the common case)
             now = self.env.now
+            if self._gone_t:  # a joint plan's piece: (times, cumulative counts), by bisection
+                return o - self._gone_n[bisect.bisect_left(self._gone_t, now)]
             for t, count in self._gone:
                 if t < now:  # an arrival at the same instant comes first (URGENT), as unfused
                     o -= count
@@ -543,6 +563,8 @@ class Replica:
         return len(self.waiting)
 
     def submit(self, rid: int) -> None:
+        if self.rack is not None:
+            self.rack.check(rid, self.idx)
         self.waiting.append(rid)
         self.reqs.replica[rid] = self.idx
         if self.idle and not self.wakeup.triggered:
@@ -963,13 +985,24 @@ class Replica:
         stalled_s = 0.0  # prefill-only steps run since the last decode while sequences were ready to decode
         decode_left = 0  # multi-step scheduling: decode steps still due before prefills are considered again
         absorbs = self._absorbs()  # fixed for the run (router, replicas, prefill mode, hooks, cache)
+        rack = self.rack
         while True:
             if self.n_running == 0 and not self.waiting:
                 self.idle = True
                 self.wakeup = env.event()
+                if rack is not None:
+                    rack.went_idle(self)
                 yield self.wakeup
                 self.idle = False
-            if self.fuse is not None and stalled_s == 0.0:
+            joint = False  # this step is the joint plan's (it could not plan it: reported as ordinary)
+            if rack is not None:
+                piece = rack.boundary(self)
+                if piece is not None:
+                    done_steps = yield from self._run_piece(piece)
+                    decode_left = (decode_left - done_steps) % rt.scheduler_steps
+                    continue
+                joint = not rack.broken
+            if self.fuse is not None and stalled_s == 0.0 and not joint:
                 # (a run admitting arrivals admits every request waiting at its start, or none starts)
                 room = absorbs and (not self.waiting or self.n_running + len(self.waiting) <= rt.max_num_seqs)
                 if spec is None:
@@ -1081,6 +1114,9 @@ class Replica:
             total_s, target_s, draft_s, over_s, flops, nbytes = self._spec_cost(
                 n_dec, ctx_dec, k, n_pre, pre_tokens, pre_ctx, pre_pairs, plan)
             start = env.now
+            if joint:
+                assert rack is not None
+                rack.ordinary(self, start + total_s)
             yield env.timeout(total_s)
             now = env.now
             # 3a. decode / verification results
@@ -1855,6 +1891,53 @@ class Replica:
             rows[:, 14] = draft if isinstance(draft, float) else draft[:steps]
             rows[:, 15] = g.over[:steps]
         return steps_all
+
+    def _run_piece(self, piece: Piece) -> Generator[simpy.Event, Any, int]:
+        """A piece of the rack's joint plan (`sim.joint.Piece`): its steps in one timeout, applied
+        at its end as a run admitting arrivals is (`_spec_steps_run`); returns its steps."""
+        env = self.env
+        assert abs(piece.start_s - env.now) <= 1e-9 * max(1.0, env.now), (piece.start_s, env.now)
+        self._gone = piece.gone
+        self._gone_t = [t for t, _ in piece.gone]
+        self._gone_n = list(itertools.accumulate((c for _, c in piece.gone), initial=0))
+        self._taken = piece.taken
+        yield env.timeout(exact_delay(env.now, piece.end_s))
+        self._gone = []
+        self._gone_t = []
+        self._taken = []
+        reqs = self.reqs
+        self._take_admitted(piece.admitted, None)
+        if piece.done:
+            g = np.array([d[0] for d in piece.done], dtype=np.int64)
+            reqs.completion[g] = [d[1] for d in piece.done]
+            reqs.generated[g] = reqs.output[g]  # a finished request has generated its whole output
+            if self.rt.spec is not None:
+                reqs.proposed[g] = [d[2] for d in piece.done]
+                reqs.accepted[g] = [d[3] for d in piece.done]
+                reqs.verify_steps[g] = [d[4] for d in piece.done]
+                reqs.verify_emitted[g] = [d[5] for d in piece.done]
+            reqs.n_done += len(piece.done)
+        rid, c, left, tgt, prop, acc, ver, vem = piece.state
+        m = len(rid)
+        self._ints[:, :m] = 0
+        if m:
+            ra = np.array(rid, dtype=np.int64)
+            cm = np.array(c, dtype=np.int64)
+            self.rid[:m] = ra
+            self.computed[:m] = cm
+            self.blocks[:m] = (cm + (BLOCK_SIZE - 1)) // BLOCK_SIZE
+            self.target[:m] = tgt
+            self.out[:m] = reqs.output[ra]
+            self.gen[:m] = self.out[:m] - np.array(left, dtype=np.int64)
+            if self.rt.spec is not None:
+                self.n_prop[:m] = prop
+                self.n_acc[:m] = acc
+                self.n_verify[:m] = ver
+                self.n_vemit[:m] = vem
+        self.n_running = m
+        self.free_blocks = piece.free
+        self._end_absorbing(piece.rows, piece.admitted, None, piece.end_s)  # type: ignore[arg-type]
+        return piece.steps
 
     def _spec_steps_run(self, absorb: bool) -> Generator[simpy.Event, Any, int]:
         """A fused run of speculative steps planned step by step in scalars (`_plan_spec_steps`),

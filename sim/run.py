@@ -26,6 +26,7 @@ from models.speculative import acceptance_at_quantile, acceptance_draws
 from sim.deployment import ReplicaRuntime, check_fits
 from sim.engine import STEP_INT_COLUMNS, FuseBound, Replica, Requests, StepLog
 from sim.fleet import Autoscaler, Fleet, FleetBound, FollowLoad, change_times, timeout_with
+from sim.joint import RackPlanner
 from sim.scenario import Scenario
 from sim.workload import streams
 
@@ -259,6 +260,13 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         routable: list[Replica] = [] if dynamic else replicas  # the replicas the router may send to
         env.process(_arrivals(env, queued, routable, sc.deployment.router, stop, limit, fuse, static=not dynamic))
         replicas.extend(Replica(env, i, rt, reqs, rngs[i], log, fuse) for i in range(rt.num_replicas))
+        spec = sc.speculative
+        if (fuse is not None and not dynamic and sc.deployment.router == "least_outstanding" and rt.num_replicas > 1
+                and rt.prefill == "mixed" and not units and all(r.fuse is not None for r in replicas)
+                and not (spec is not None and spec.policy == "adaptive" and rt.spec is not None and rt.spec.shape is not None)):
+            rack = RackPlanner(replicas, fuse, horizon, limit)  # the replicas planned jointly (sim/joint.py)
+            for r in replicas:
+                r.rack = rack
         if dynamic:
             start = rt.num_replicas
             if auto is not None:
