@@ -35,6 +35,8 @@ keeps exact), and a piece's admissions are checked against the waiting queue it 
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -277,7 +279,7 @@ class Cursor:
 
     def _mixed(self, a: float, end_bound: float) -> int:
         """The step that admits waiting requests (and decodes every running sequence)."""
-        rep, reqs = self.rep, self.reqs
+        rep = self.rep
         spec = self.spec
         n = len(self.active)
         peek = self._peek
@@ -334,18 +336,7 @@ class Cursor:
         pend = self.pending
         for tokens in chunks:
             rid, _ = pend.popleft()
-            e = len(self.C)
-            self.C.append(tokens)
-            self.R.append(int(reqs.output[rid]) - 1)  # its first token, sampled at the end of its prefill
-            self.RID.append(rid)
-            self.TGT.append(tokens)
-            if spec is not None:
-                self.NX.append(int(reqs.lead_off[rid]))
-                self.PROP.append(0)
-                self.ACC.append(0)
-                self.VER.append(0)
-                self.VEM.append(0)
-            self.active.append(e)
+            self._add(rid, tokens)
             self.admitted.append((rid, t, end))
             nb = -(-tokens // B)
             self.free -= nb
@@ -359,6 +350,22 @@ class Cursor:
         self.p_steps += 1
         self.t = end
         return DONE
+
+    def _add(self, rid: int, tokens: int) -> None:
+        """An admitted request, its prompt prefilled whole this step: its entry."""
+        reqs = self.reqs
+        e = len(self.C)
+        self.C.append(tokens)
+        self.R.append(int(reqs.output[rid]) - 1)  # its first token, sampled at the end of its prefill
+        self.RID.append(rid)
+        self.TGT.append(tokens)
+        if self.spec is not None:
+            self.NX.append(int(reqs.lead_off[rid]))
+            self.PROP.append(0)
+            self.ACC.append(0)
+            self.VER.append(0)
+            self.VEM.append(0)
+        self.active.append(e)
 
     def _decode_outcomes(self, k: int, n: int) -> int:
         """Every running sequence's tokens this step: accepted drafts + 1 (capped by what is left)
@@ -535,6 +542,164 @@ class Cursor:
         return DONE
 
 
+class PlainCursor(Cursor):
+    """A cursor without speculation: every running sequence gains one token a step, so entry e has
+    context base_e + S after the cursor's S-th step and finishes at step FIN_e; the context sum, the
+    KV blocks the next steps take (a histogram of base mod B) and the next completion (a heap of
+    FIN) are kept without touching every entry (`Replica._plan_absorbing`'s scalars)."""
+
+    def __init__(self, rep: Replica, t: float) -> None:
+        super().__init__(rep, t)
+        self.S = 0
+        self.base: list[int] = self.C  # (S = 0)
+        self.FIN: list[int] = self.R[:]
+        self.hist = [0] * B
+        for c in self.C:
+            self.hist[c % B] += 1
+        self.heap = [(f, e) for e, f in enumerate(self.FIN)]
+        heapq.heapify(self.heap)
+        self.alive = [True] * len(self.C)
+
+    def close(self) -> Piece | None:
+        if not self.p_steps:
+            return None
+        S = self.S
+        act = self.active
+        self.C = [self.base[e] + S for e in act]
+        self.R = [self.FIN[e] - S for e in act]
+        self.RID = [self.RID[e] for e in act]
+        self.TGT = [self.TGT[e] for e in act]
+        self.active = list(range(len(act)))
+        piece = super().close()
+        # (entries renumbered in slot order: base relative to S, as before)
+        self.base = [c - S for c in self.C]
+        self.FIN = [r + S for r in self.R]
+        self.heap = [(f, e) for e, f in enumerate(self.FIN)]
+        heapq.heapify(self.heap)
+        self.alive = [True] * len(self.base)
+        return piece
+
+    def quiet(self, a: float) -> bool:
+        if self.pending or not self.active:
+            return not self.pending
+        d = self.rt.cost.decode_s(len(self.active), float(self.ctx))
+        return self.t + (self.heap[0][0] - self.S) * d > a + QUIET_MARGIN * (a if a > 1.0 else 1.0)
+
+    def _reserve(self, k: int) -> tuple[int, int]:
+        return 1, self.hist[(-self.S) % B]  # the sequences whose next token opens a block
+
+    def _add(self, rid: int, tokens: int) -> None:
+        e = len(self.base)
+        be = tokens - self.S  # (after this step: S already counts it)
+        self.base.append(be)
+        f = self.S + int(self.reqs.output[rid]) - 1
+        self.FIN.append(f)
+        heapq.heappush(self.heap, (f, e))
+        self.alive.append(True)
+        self.hist[be % B] += 1
+        self.RID.append(rid)
+        self.TGT.append(tokens)
+        self.active.append(e)
+
+    def _decode_outcomes(self, k: int, n: int) -> int:
+        self.S += 1
+        self.ctx += n
+        return n
+
+    def _finish(self, t: float) -> None:
+        heap, S = self.heap, self.S
+        if not heap or heap[0][0] > S:
+            return
+        count = 0
+        while heap and heap[0][0] <= S:
+            _, e = heapq.heappop(heap)
+            c = self.base[e] + S
+            nb = (c + (B - 1)) // B
+            self.free += nb
+            self.held -= nb
+            self.ctx -= c
+            self.hist[self.base[e] % B] -= 1
+            self.alive[e] = False
+            self.done.append((self.RID[e], t, 0, 0, 0, 0))
+            count += 1
+        alive = self.alive
+        self.active = [e for e in self.active if alive[e]]
+        self.gone.append((t, count))
+
+    def _segment(self, a: float, end_bound: float, fb: FuseBound) -> int:
+        """Plain decode steps from t in closed form (`Replica._plan_segment`'s expressions): the
+        steps that start before the next metric cut and before the first waiting request arrives
+        (the step after it admits it), end before a and before `end_bound`, up to the first
+        completion and while the KV blocks they grow into are free. A step during which a waiting
+        request arrives is logged apart (its waiting count differs)."""
+        rep = self.rep
+        cost = self.rt.cost
+        n = len(self.active)
+        t, S = self.t, self.S
+        m = self.heap[0][0] - S
+        ctx0 = float(self.ctx)
+        d0 = cost.decode_s(n, ctx0)
+        sb = fb.next_cut_s(t)  # steps start before it
+        arrive = math.inf  # the first request sent here that arrives after t
+        for _, arrived in self.pending:
+            if arrived > t:
+                arrive = arrived
+                break
+        if arrive < sb:
+            sb = arrive
+        el = a if a < end_bound else end_bound  # steps end before it
+        mm = min(m, FUSE_MAX_STEPS, int((el - t) / d0) + 1)
+        free = self.free
+        # first[r]: new blocks in the next r steps (entry e takes one at relative step r when
+        # (base_e + S + r) % B == 0)
+        hist = self.hist
+        s0 = (-S) % B
+        cnt = hist[s0::-1] + hist[:s0:-1]  # cnt[r] = hist[(-S - r) % B]
+        first = list(itertools.accumulate(cnt, initial=0))
+        if n * (mm // B + 1) > free and (mm // B) * n + first[mm % B] > free:
+            s_ = (free // n) * B
+            while s_ < mm and ((s_ + 1) // B) * n + first[(s_ + 1) % B] <= free:
+                s_ += 1
+            mm = s_
+            if mm < 1:
+                return HARD  # it would preempt
+        last = mm - 1
+        slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
+        # the expressions and float order of `_plan_segment`'s start(j) and end
+        k = mm
+        x = y = x1 = y1 = 0.0
+        while k >= 1:
+            x1, y1 = (k - 1) * d0, slope * ((k - 1) * (k - 2) / 2.0)
+            if t + x1 + y1 < sb:
+                x, y = k * d0, slope * (k * (k - 1) / 2.0)
+                if t + x + y < el:
+                    break
+            k -= 1
+        if k < 1:  # its first step ends at or after a (it waits for the arrival's routing), or past the end bound
+            return HARD if t + d0 >= end_bound else WAIT
+        end = t + (x + y)
+        used0 = self.num_blocks - free
+        but_last = ((k - 1) // B) * n + first[(k - 1) % B]
+        new_blocks = (k // B) * n + first[k % B]
+        self.free = free - new_blocks
+        self.held += new_blocks
+        self.S = S + k
+        self.ctx += n * k
+        self._finish(end)
+        used = self.num_blocks - self.free
+        if end >= arrive:  # a request arrives during its last step: that step's row apart
+            if k > 1:
+                self.rows.append(list(rep._run_row(t, k - 1, d0, slope, n, ctx0, used0 + but_last,
+                                                   self._waiting_at(t + (x1 + y1)))))
+            self.rows.append(list(rep._run_row(t + (x1 + y1), 1, d0 + (k - 1) * slope, 0.0, n, ctx0 + (k - 1) * n,
+                                               used, self._waiting_at(end))))
+        else:
+            self.rows.append(list(rep._run_row(t, k, d0, slope, n, ctx0, used, self._waiting_at(end))))
+        self.p_steps += k
+        self.t = end
+        return DONE
+
+
 @dataclass
 class Out:
     """An ordinary step of a replica the planner does not follow, from `start_s` to `end_s`: its
@@ -591,13 +756,13 @@ class RackPlanner:
             self.j = self.fuse.next_index
             for s in self.replicas:
                 if s.idx != r and s.n_running == 0 and not s.waiting:
-                    self.cursors[s.idx] = Cursor(s, now)
+                    self.cursors[s.idx] = self._cursor(s, now)
         if self.cursors[r] is None:
             # rejoin from its state now, once the plan has routed every arrival the queues hold
             self._extend(r, catch_up=True)
             if self.broken or self.j < self.fuse.next_index or not Cursor.joinable(rep):
                 return None
-            self.cursors[r] = Cursor(rep, now)
+            self.cursors[r] = self._cursor(rep, now)
         self._extend(r)
         return q.popleft() if q else None
 
@@ -632,12 +797,15 @@ class RackPlanner:
         """A replica waits for work from now: known again (empty) from now on."""
         r = rep.idx
         if not self.broken and self.cursors[r] is None and self.j >= 0 and not self.pieces[r]:
-            c = self.cursors[r] = Cursor(rep, rep.env.now)
+            c = self.cursors[r] = self._cursor(rep, rep.env.now)
             later = [p for p in self.carry[r] if p[1] > c.since]
             self.carry[r] = []
             if later:  # (sent here by the plan, arriving later)
                 c.pending.extend(later)
                 c.wake(later[0][1])
+
+    def _cursor(self, rep: Replica, t: float) -> Cursor:
+        return Cursor(rep, t) if rep.rt.spec is not None else PlainCursor(rep, t)
 
     # ------------------------------------------------------------------ planning
     def _count(self, r: int, a: float) -> tuple[int, Cursor | Out] | None:
