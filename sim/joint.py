@@ -413,8 +413,12 @@ class Cursor:
         """Sequences with nothing left leave at t (blocks freed, draft counters kept)."""
         R = self.R
         left = [e for e in self.active if R[e] <= 0]
-        if not left:
-            return
+        if left:
+            self._leave(left, t)
+
+    def _leave(self, left: list[int], t: float) -> None:
+        """These sequences leave at t."""
+        R = self.R
         C, rid = self.C, self.RID
         spec = self.spec is not None
         for e in left:
@@ -429,18 +433,25 @@ class Cursor:
         self._min_left = None
 
     def _spec_step(self, a: float, end_bound: float) -> int:
-        """One speculative decode step (nothing admitted: nothing waiting has arrived, or no slot)."""
-        n = len(self.active)
+        """One speculative decode step (nothing admitted: nothing waiting has arrived, or no slot),
+        its outcomes, the rejected drafts' blocks and the completions in one pass over the batch.
+        (Held blocks after the step are ceil(context / B) whatever was reserved, so the
+        reservation matters only for whether it fits; with room for every sequence's whole
+        reservation it is not summed.)"""
+        act = self.active
+        n = len(act)
         peek = self._peek
-        if peek is not None and peek[0] == self.t and len(peek[1]) == 4:
-            k, qv, need, cost = peek[1]
+        if peek is not None and peek[0] == self.t and len(peek[1]) == 3:
+            k, qv, cost = peek[1]
         else:
             k = self._k(n)
-            qv, need = self._reserve(k)
-            if need > self.free:
+            spec = self.spec
+            assert spec is not None
+            qv = spec.verify_tokens(k) if k else 1
+            if self.free < n * (qv // B + 1) and self._reserve(k)[1] > self.free:
                 return HARD  # it would preempt
             cost = self.rep._spec_step(n, float(self.ctx), k)
-            self._peek = (self.t, (k, qv, need, cost))
+            self._peek = (self.t, (k, qv, cost))
         total = cost[0]
         t = self.t
         end = t + total
@@ -449,12 +460,48 @@ class Cursor:
         if end >= a:
             return WAIT
         self._peek = None
-        self.free -= need
-        self.held += need
-        emitted = self._decode_outcomes(k, n)
+        C, R = self.C, self.R
+        left: list[int] = []
+        held = 0
+        emitted = 0
         if k:
-            self._release()
-        self._finish(end)
+            lead = self.reqs.lead_b
+            NX, PROP, ACC, VER, VEM = self.NX, self.PROP, self.ACC, self.VER, self.VEM
+            for e in act:
+                acc = lead[NX[e]]
+                if acc > k:
+                    acc = k
+                NX[e] += 1
+                x = acc + 1
+                r = R[e]
+                if x >= r:
+                    x = r
+                    left.append(e)
+                PROP[e] += k
+                ACC[e] += acc
+                VER[e] += 1
+                VEM[e] += x
+                c = C[e] + x
+                C[e] = c
+                R[e] = r - x
+                held += (c + (B - 1)) // B
+                emitted += x
+        else:
+            for e in act:
+                c = C[e] + 1
+                C[e] = c
+                r = R[e] - 1
+                R[e] = r
+                if not r:
+                    left.append(e)
+                held += (c + (B - 1)) // B
+            emitted = n
+        self.free += self.held - held
+        self.held = held
+        self.ctx += emitted
+        self._min_left = None
+        if left:
+            self._leave(left, end)
         self.rows.append([self.idx, t, total, n, n, 0.0, n * qv, emitted, k, self.num_blocks - self.free,
                           self._waiting_at(end), cost[4], cost[5], cost[1], cost[2], cost[3], total, 1, 0.0])
         self.p_steps += 1
