@@ -35,7 +35,7 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -164,7 +164,7 @@ class StepLog:
         self._done: list[np.ndarray] = []  # full (or closed) blocks, trimmed
         self._cur = np.zeros((capacity, len(STEP_COLUMNS)))
         self._i = 0  # rows in the current block
-        self._pending: list[tuple[float, ...]] = []  # single rows not yet in the block
+        self._pending: list[Sequence[float]] = []  # single rows not yet in the block
 
     def _next_block(self, rows: int) -> None:
         self._done.append(self._cur[: self._i])
@@ -177,7 +177,7 @@ class StepLog:
         if len(self._pending) >= self.PENDING_ROWS:
             self._flush()
 
-    def extend(self, rows: list[tuple[float, ...]]) -> None:
+    def extend(self, rows: Sequence[Sequence[float]]) -> None:
         """Rows in order, at once (a fused run admitting arrivals)."""
         self._pending.extend(rows)
         self.n += len(rows)
@@ -1906,7 +1906,13 @@ class Replica:
         self._gone_t = []
         self._taken = []
         reqs = self.reqs
-        self._take_admitted(piece.admitted, None)
+        for adm, start in piece.admitted:  # (taken from the queue the arrival process put them in)
+            got = self.waiting.popleft()
+            assert got == adm, (got, adm)
+            if math.isnan(reqs.scheduled[adm]):
+                reqs.scheduled[adm] = start
+        if piece.first:
+            reqs.first_token[[r for r, _ in piece.first]] = [f for _, f in piece.first]
         if piece.done:
             g = np.array([d[0] for d in piece.done], dtype=np.int64)
             reqs.completion[g] = [d[1] for d in piece.done]
@@ -1936,7 +1942,7 @@ class Replica:
                 self.n_vemit[:m] = vem
         self.n_running = m
         self.free_blocks = piece.free
-        self._end_absorbing(piece.rows, piece.admitted, None, piece.end_s)  # type: ignore[arg-type]
+        self.log.extend(piece.rows)
         return piece.steps
 
     def _spec_steps_run(self, absorb: bool) -> Generator[simpy.Event, Any, int]:

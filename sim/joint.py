@@ -59,15 +59,17 @@ DONE, WAIT, HARD = 0, 1, 2
 @dataclass
 class Piece:
     """A replica's planned steps, executed in one timeout and applied at its end: the step rows,
-    admissions (request, step start, first token), completions (request, time, draft counters),
-    the completions inside it (`gone`, for `Replica.outstanding`), the admissions' step starts
-    (`taken`, for `Replica.queued`), and the running sequences after it, in slot order."""
+    admissions (request, step start), first tokens (request, time), completions (request, time,
+    draft counters), the completions inside it (`gone`, for `Replica.outstanding`), the
+    admissions' step starts (`taken`, for `Replica.queued`), and its entries after it, in slot
+    order (request, context, tokens left, prefill target, draft counters)."""
 
     start_s: float
     end_s: float
     steps: int
     rows: list[list[float]]
-    admitted: list[tuple[int, float, float]]
+    admitted: list[tuple[int, float]]
+    first: list[tuple[int, float]]
     done: list[tuple[int, float, int, int, int, int]]
     gone: list[tuple[float, int]]
     taken: list[float]
@@ -76,11 +78,15 @@ class Piece:
 
 
 class Cursor:
-    """One replica's planned future: its running sequences (entries: context, prefill target,
-    tokens left, request, next verification outcome and draft counters) in slot order, the
-    requests sent to it and not yet admitted with their arrival times (FCFS), its free KV blocks,
-    and `t`, the start of its next step (inf when idle). `advance(a)` plans its steps that end
-    before a."""
+    """One replica's planned future: its entries (context, prefill target, tokens left, request,
+    next verification outcome and draft counters) in slot order, those still prefilling
+    (`partials`), the requests sent to it and not yet admitted with their arrival times (FCFS),
+    its free KV blocks, and `t`, the start of its next step (inf when idle). `advance(a)` plans
+    its steps that end before a, by the ordinary step's rules (`Replica.run`): the decoding
+    sequences' KV reservation, then the token budget left to the partial prefills in slot order and
+    to the waiting requests FCFS (chunked, or whole without chunked prefill), the step's price, the
+    decoding sequences' outcomes, the prefills' progress (a finished one samples its token), and
+    the completions. Every entry holds ceil(context / B) KV blocks between steps (`held`)."""
 
     def __init__(self, rep: Replica, t: float) -> None:
         self.rep, self.rt, self.reqs = rep, rep.rt, rep.reqs
@@ -98,10 +104,11 @@ class Cursor:
             self.VER: list[int] = rep.n_verify[:n].tolist()
             self.VEM: list[int] = rep.n_vemit[:n].tolist()
         self.active = list(range(n))
+        self.partials = [e for e in range(n) if self.C[e] < self.TGT[e]]
         self.pending: deque[tuple[int, float]] = deque((rid, -math.inf) for rid in rep.waiting)
         self.free = rep.free_blocks
         self.held = sum([(c + (B - 1)) // B for c in self.C])
-        self.ctx = sum(self.C)
+        self.ctx = sum([self.C[e] for e in self._decoders()])  # the decoding sequences' contexts
         self.since = t  # it describes the replica from this time on
         self.t = t if (n or self.pending) else math.inf
         self.end_s = t  # when it last went idle
@@ -110,27 +117,25 @@ class Cursor:
         self.max_seqs = rt.max_num_seqs
         self.chunked = rt.chunked_prefill
         self.idx = rep.idx
-        self._min_left: int | None = None  # fewest tokens left among the running sequences (cached)
+        self._min_left: int | None = None  # fewest tokens left among the decoding sequences (cached)
         self._peek: tuple[float, Any] | None = None  # the next step's plan, kept while it waits for an arrival
         self._open()
 
     @staticmethod
     def joinable(rep: Replica) -> bool:
-        """Whether a replica's state can be planned from: every running sequence decoding (no
-        partial prefill), its KV blocks what the contexts hold, no preempted request waiting."""
+        """Whether a replica's state can be planned from: every entry holds the KV blocks its
+        context needs (no more: a step's reservation is released between steps)."""
         n = rep.n_running
         c = rep.computed[:n]
-        if n and ((c < rep.target[:n]).any() or (rep.blocks[:n] != (c + (B - 1)) // B).any()):
-            return False
-        w = rep.waiting
-        return not (w and rep.reqs.generated[list(w)].any())
+        return not (n and (rep.blocks[:n] != (c + (B - 1)) // B).any())
 
     def _open(self) -> None:
         """Start a new piece at t."""
         self.p_start = self.t
         self.p_steps = 0
         self.rows: list[list[float]] = []
-        self.admitted: list[tuple[int, float, float]] = []
+        self.admitted: list[tuple[int, float]] = []
+        self.first: list[tuple[int, float]] = []
         self.done: list[tuple[int, float, int, int, int, int]] = []
         self.gone: list[tuple[float, int]] = []
 
@@ -138,31 +143,49 @@ class Cursor:
         """Requests running or waiting here at the next arrival (its planned steps end before it)."""
         return len(self.active) + len(self.pending)
 
+    def _decoders(self) -> list[int]:
+        """The entries that decode (their prefill done), in slot order."""
+        if not self.partials:
+            return self.active
+        p = set(self.partials)
+        return [e for e in self.active if e not in p]
+
+    def _entries(self) -> tuple[list[int], ...]:
+        """Every entry's (request, context, tokens left, prefill target), in slot order."""
+        act = self.active
+        return ([self.RID[e] for e in act], [self.C[e] for e in act], [self.R[e] for e in act],
+                [self.TGT[e] for e in act])
+
     def close(self) -> Piece | None:
         """The steps planned since the last piece, as a piece (None when there are none); the
-        entries are compacted to the running ones."""
+        entries are renumbered in slot order."""
         if not self.p_steps:
             return None
         act = self.active
         spec = self.spec is not None
-        state = ([self.RID[e] for e in act], [self.C[e] for e in act], [self.R[e] for e in act],
-                 [self.TGT[e] for e in act],
+        rid, c, r, tgt = self._entries()
+        state = (rid, c, r, tgt,
                  [self.PROP[e] for e in act] if spec else [], [self.ACC[e] for e in act] if spec else [],
                  [self.VER[e] for e in act] if spec else [], [self.VEM[e] for e in act] if spec else [])
         end = self.t if self.t < math.inf else self.end_s
-        piece = Piece(self.p_start, end, self.p_steps, self.rows, self.admitted, self.done, self.gone,
-                      [s for _, s, _ in self.admitted], state, self.free)
-        # compact the entries to the running ones (copies: the piece keeps its state as of its end)
-        self.RID, self.C, self.R, self.TGT = state[0][:], state[1][:], state[2][:], state[3][:]
-        if spec:
-            self.PROP, self.ACC, self.VER, self.VEM = state[4][:], state[5][:], state[6][:], state[7][:]
-            self.NX = [int(self.reqs.lead_off[r]) + v for r, v in zip(self.RID, self.VER, strict=True)]
-        self.active = list(range(len(act)))
+        piece = Piece(self.p_start, end, self.p_steps, self.rows, self.admitted, self.first, self.done, self.gone,
+                      [s for _, s in self.admitted], state, self.free)
+        # renumber the entries (copies: the piece keeps its state as of its end, the cursor plans on)
+        pos = {e: i for i, e in enumerate(act)}
+        self.partials = [pos[e] for e in self.partials]
+        self._renumber(state)
         self._peek = None
         self._open()
         if self.t == math.inf:
             self.p_start = end
         return piece
+
+    def _renumber(self, state: tuple[list[int], ...]) -> None:
+        self.RID, self.C, self.R, self.TGT = state[0][:], state[1][:], state[2][:], state[3][:]
+        if self.spec is not None:
+            self.PROP, self.ACC, self.VER, self.VEM = state[4][:], state[5][:], state[6][:], state[7][:]
+            self.NX = [int(self.reqs.lead_off[r]) + v for r, v in zip(self.RID, self.VER, strict=True)]
+        self.active = list(range(len(self.RID)))
 
     def wake(self, t: float) -> None:
         """An arrival at t wakes an idle replica: its next step starts then."""
@@ -172,11 +195,12 @@ class Cursor:
 
     # ------------------------------------------------------------------ planning
     def quiet(self, a: float) -> bool:
-        """Whether nothing here can change its count before a without planning: nothing waits, and
-        its fewest tokens left, at the most tokens a step emits, take steps that cannot end before
-        a (a step lasts at least the plain decode step of the running batch at its context)."""
-        if self.pending or not self.active:
-            return not self.pending
+        """Whether nothing here can change its count before a without planning: nothing waits or
+        prefills, and its fewest tokens left, at the most tokens a step emits, take steps that
+        cannot end before a (a step lasts at least the plain decode step of the running batch at
+        its context)."""
+        if self.pending or self.partials or not self.active:
+            return not (self.pending or self.partials)
         m = self._min_left
         if m is None:
             R = self.R
@@ -188,8 +212,8 @@ class Cursor:
 
     def advance(self, a: float, end_bound: float, fb: FuseBound) -> bool:
         """Plan the steps that end before a; False when the step at t cannot be planned here (the
-        ordinary step must take it: a chunked prefill, a preemption, a preempted request, a step
-        ending at or past `end_bound`)."""
+        ordinary step must take it: a decode step that would preempt, a step with nothing to do,
+        a step ending at or past `end_bound`)."""
         while self.t < a:
             act, pend = self.active, self.pending
             if pend and pend[0][1] > self.t and not act:  # idle until the first one arrives
@@ -199,7 +223,7 @@ class Cursor:
                 self.end_s = self.t
                 self.t = math.inf
                 return True
-            if pend and pend[0][1] <= self.t and len(act) < self.max_seqs:
+            if self.partials or (pend and pend[0][1] <= self.t and len(act) < self.max_seqs):
                 got = self._mixed(a, end_bound)
             elif self.spec is not None:
                 got = self._spec_step(a, end_bound)
@@ -211,8 +235,8 @@ class Cursor:
                 return False
         return True
 
-    def _k(self, n: int) -> int:
-        """The step's k, as `Replica._choose_k` chooses it (every running sequence decoding)."""
+    def _k(self, n_run: int, dec: list[int]) -> int:
+        """The step's k, as `Replica._choose_k` chooses it."""
         spec = self.spec
         assert spec is not None
         policy = spec.policy
@@ -221,52 +245,76 @@ class Cursor:
         if policy == "follow_load":
             return spec.k if self.rep.speculating else 0
         if policy == "disable_above_batch":
-            return 0 if n > spec.disable_batch_size else spec.k
-        if not n:
+            return 0 if n_run > spec.disable_batch_size else spec.k
+        if not dec:
             return 0
-        act = self.active
-        return self.rep._adaptive_pick([self.ACC[e] for e in act], [self.PROP[e] for e in act], float(self.ctx))
+        return self.rep._adaptive_pick([self.ACC[e] for e in dec], [self.PROP[e] for e in dec], float(self.ctx))
 
-    def _reserve(self, k: int) -> tuple[int, int]:
+    def _reserve(self, k: int, dec: list[int]) -> tuple[int, int]:
         """(q_v, KV blocks the decoding sequences' reservation takes): k + 1 tokens capped by what
         is left, a tree's every node capped by the model's length, one token without speculation."""
-        C, act = self.C, self.active
+        C = self.C
         if not k:
-            return 1, sum([(C[e] + B) // B for e in act]) - self.held
+            return 1, sum([1 for e in dec if not C[e] % B])
         spec = self.spec
         assert spec is not None
         q = k + 1
         qv = spec.verify_tokens(k)
         if qv != q:
             ml = self.rt.max_model_len
-            return qv, sum([(C[e] + (qv if qv < ml - C[e] else ml - C[e]) + (B - 1)) // B for e in act]) - self.held
+            return qv, sum([(C[e] + (qv if qv < ml - C[e] else ml - C[e]) + (B - 1)) // B - (C[e] + (B - 1)) // B
+                            for e in dec])
         R = self.R
-        return q, sum([(C[e] + (q if q < R[e] else R[e]) + (B - 1)) // B for e in act]) - self.held
+        return q, sum([(C[e] + (q if q < R[e] else R[e]) + (B - 1)) // B - (C[e] + (B - 1)) // B for e in dec])
 
-    def _admissions(self, n: int, qv: int, free: int) -> list[int] | None:
-        """The prompts of the waiting requests the step at t admits (FCFS among those arrived by
-        then, prefilled whole, by `_plan_prefill`'s and `_fits_whole`'s rules); None when the next
-        one would be prefilled in chunks (the ordinary step)."""
+    def _prefill_plan(self, n_dec: int, qv: int, free: int) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]], int]:
+        """The step's prefill chunks by `_plan_prefill`'s and `_fit_chunk`'s rules: the token budget
+        left after the decodes goes to the partial prefills in slot order, then to the waiting
+        requests arrived by t, FCFS, while a slot and a free block remain (a prompt chunked in the
+        budget and the blocks left, or whole without chunked prefill). Returns the partials'
+        chunks (entry, tokens), the admissions (request, tokens, prefill target) and the blocks
+        left."""
         reqs = self.reqs
-        budget = full = self.budget_max - n * qv
-        chunks: list[int] = []
-        running = n
+        budget = full = self.budget_max - n_dec * qv
+        C, TGT = self.C, self.TGT
+        chunked = self.chunked
+        parts: list[tuple[int, int]] = []
+        for e in self.partials:
+            if budget <= 0:
+                break
+            rem = TGT[e] - C[e]
+            c = rem if (not chunked and (budget == full or rem <= budget)) else (rem if rem < budget else budget)
+            have = ((C[e] + (B - 1)) // B) * B - C[e]  # room in its blocks
+            if c > have:
+                extra = -(-(c - have) // B)
+                if extra > free:
+                    extra = free
+                    c = min(c, have + extra * B)
+                free -= extra
+            if c <= 0:
+                break
+            parts.append((e, c))
+            budget -= c
+        adm: list[tuple[int, int, int]] = []
+        running = len(self.active)
         t = self.t
         for rid, arrived in self.pending:
             if arrived > t or not (budget > 0 and running < self.max_seqs and free > 0):
                 break
-            tokens = int(reqs.prompt[rid])
-            nb = -(-tokens // B)
-            if self.chunked:
-                if tokens > budget or nb > free:
-                    return None  # a chunk of it: the ordinary step
-            elif not ((tokens <= budget or budget == full) and nb <= free):
+            tokens = int(reqs.prompt[rid] + reqs.generated[rid])  # a preempted request recomputes its output too
+            alone = budget == full
+            if not chunked and not ((tokens <= budget or alone) and -(-tokens // B) <= free):
                 break  # it waits whole
-            chunks.append(tokens)
-            budget -= tokens
-            free -= nb
+            c = tokens if (not chunked and (alone or tokens <= budget)) else (tokens if tokens < budget else budget)
+            extra = -(-c // B)
+            if extra > free:
+                extra = free
+                c = min(c, extra * B)
+            free -= extra
+            adm.append((rid, c, tokens))
+            budget -= c
             running += 1
-        return chunks
+        return parts, adm, free
 
     def _waiting_at(self, end: float) -> int:
         """Requests sent here and not admitted, by the end of a step at `end`."""
@@ -278,47 +326,55 @@ class Cursor:
         return w
 
     def _mixed(self, a: float, end_bound: float) -> int:
-        """The step that admits waiting requests (and decodes every running sequence)."""
-        rep = self.rep
+        """A step with prefill work (partial prefills, or waiting requests to admit): the ordinary
+        step's rules, every decoding sequence decoding too."""
+        rep, reqs = self.rep, self.reqs
         spec = self.spec
-        n = len(self.active)
         peek = self._peek
-        if peek is not None and peek[0] == self.t and len(peek[1]) == 6:
-            k, qv, need, chunks, total, cost = peek[1]
+        if peek is not None and peek[0] == self.t and len(peek[1]) == 7:
+            k, qv, dec, need, parts, adm, cost = peek[1]
         else:
-            k = self._k(n) if spec is not None else 0
-            qv, need = self._reserve(k)
+            dec = self._decoders()
+            n_dec = len(dec)
+            k = self._k(len(self.active), dec) if spec is not None else 0
+            qv, need = self._reserve(k, dec)
             if need > self.free:
                 return HARD  # it would preempt
-            got = self._admissions(n, qv, self.free - need)
-            if got is None or (not n and not got):
-                return HARD
-            chunks = got
-            n_pre = len(chunks)
+            parts, adm, _ = self._prefill_plan(n_dec, qv, self.free - need)
+            n_pre = len(parts) + len(adm)
+            if not n_dec and not n_pre:
+                return HARD  # nothing fits: the ordinary step preempts
             if n_pre == 1:
-                pre_tokens = float(chunks[0])
-                pre_pairs = pre_tokens * 0.0 + 0.5 * (pre_tokens * (pre_tokens + 1.0))
+                e_or_r, c = (parts[0] if parts else adm[0][:2])
+                pre_tokens = float(c)
+                pre_ctx = float(self.C[e_or_r]) if parts else 0.0
+                pre_pairs = pre_tokens * pre_ctx + 0.5 * (pre_tokens * (pre_tokens + 1.0))
             elif n_pre:
-                pre_tokens = float(sum(chunks))
-                pre_pairs = 0.0 + 0.5 * float(sum([c * (c + 1) for c in chunks]))
+                cs = [c for _, c in parts] + [c for _, c, _ in adm]
+                ctxs = [self.C[e] for e, _ in parts]
+                pre_tokens = float(sum(cs))
+                pre_ctx = float(sum(ctxs))
+                pre_pairs = float(sum([c * x for c, x in zip(cs, ctxs, strict=False)])) + 0.5 * float(
+                    sum([c * (c + 1) for c in cs]))
             else:
-                pre_tokens = pre_pairs = 0.0
-            ctx = float(self.ctx) if n else 0.0
+                pre_tokens = pre_ctx = pre_pairs = 0.0
+            ctx = float(self.ctx) if n_dec else 0.0
             if spec is None:
                 cm = self.rt.cost
-                total, flops, nbytes = cm.pass_sums(n + n_pre, n + pre_tokens, ctx + 0.0, ctx + n * 2 / 2.0 + pre_pairs)
+                total, flops, nbytes = cm.pass_sums(n_dec + n_pre, n_dec + pre_tokens, ctx + pre_ctx,
+                                                    ctx + n_dec * 2 / 2.0 + pre_pairs)
                 cost = (total, total, 0.0, 0.0, flops * cm.tp, nbytes * cm.tp, pre_tokens)
             else:
                 plan = None
-                if spec.shape is not None and k and n:
+                if spec.shape is not None and k and n_dec:
                     from sim.engine import VerifyPlan
 
                     tri = qv * qv if not spec.shape.chain else qv * (qv + 1) / 2.0
-                    plan = VerifyPlan(float(n) * qv, ctx * qv + float(n) * tri, float(n), ctx)
-                c6 = rep._spec_cost(n, ctx, k, n_pre, pre_tokens, 0.0, pre_pairs, plan)
-                total = c6[0]
+                    plan = VerifyPlan(float(n_dec) * qv, ctx * qv + float(n_dec) * tri, float(n_dec), ctx)
+                c6 = rep._spec_cost(n_dec, ctx, k, n_pre, pre_tokens, pre_ctx, pre_pairs, plan)
                 cost = (*c6, pre_tokens)
-            self._peek = (self.t, (k, qv, need, chunks, total, cost))
+            self._peek = (self.t, (k, qv, dec, need, parts, adm, cost))
+        total, target, draft, over, flops, nbytes, pre_tokens = cost
         t = self.t
         end = t + total
         if end >= end_bound:
@@ -326,88 +382,115 @@ class Cursor:
         if end >= a:
             return WAIT
         self._peek = None
-        total, target, draft, over, flops, nbytes, pre_tokens = cost
-        n_pre = len(chunks)
-        self.free -= need
-        self.held += need
-        emitted = self._decode_outcomes(k, n)
-        if k:
-            self._release()
+        n_dec = len(dec)
+        emitted = self._decode(k, dec)
+        done_pre: list[int] = []
+        C, TGT = self.C, self.TGT
+        taken = 0  # blocks the prefill chunks take
+        for e, c in parts:
+            x = C[e]
+            C[e] = x + c
+            taken += (x + c + (B - 1)) // B - (x + (B - 1)) // B
+            if x + c >= TGT[e]:
+                done_pre.append(e)
         pend = self.pending
-        for tokens in chunks:
-            rid, _ = pend.popleft()
-            self._add(rid, tokens)
-            self.admitted.append((rid, t, end))
-            nb = -(-tokens // B)
-            self.free -= nb
-            self.held += nb
-            self.ctx += tokens
+        for rid, c, tokens in adm:
+            pend.popleft()
+            e = self._add(rid, c, tokens)
+            taken += (c + (B - 1)) // B
+            self.admitted.append((rid, t))
+            if c >= tokens:
+                done_pre.append(e)
+        if done_pre:  # a prefill done samples its first token (a recomputed one its next token)
+            R = self.R
+            for e in done_pre:
+                if R[e] == int(reqs.output[self.RID[e]]):
+                    self.first.append((self.RID[e], end))
+                R[e] -= 1
+            emitted += len(done_pre)
+            self._prefilled(done_pre)
+        self._blocks_after(k, need, taken)
         self._min_left = None
-        emitted += n_pre
         self._finish(end)
-        self.rows.append([self.idx, t, total, n + n_pre, n, pre_tokens, n * qv, emitted, k, self.num_blocks - self.free,
-                          self._waiting_at(end), flops, nbytes, target, draft, over, total if n else 0.0, 1, 0.0])
+        n_pre = len(parts) + len(adm)
+        self.rows.append([self.idx, t, total, n_dec + n_pre, n_dec, pre_tokens, n_dec * qv, emitted, k,
+                          self.num_blocks - self.free, self._waiting_at(end), flops, nbytes, target, draft, over,
+                          total if n_dec else 0.0, 1, 0.0])
         self.p_steps += 1
         self.t = end
         return DONE
 
-    def _add(self, rid: int, tokens: int) -> None:
-        """An admitted request, its prompt prefilled whole this step: its entry."""
+    def _add(self, rid: int, c: int, tokens: int) -> int:
+        """An admitted request, prefilling `c` of its `tokens` this step: its entry (its draft
+        counters as it left them, when it was preempted)."""
         reqs = self.reqs
         e = len(self.C)
-        self.C.append(tokens)
-        self.R.append(int(reqs.output[rid]) - 1)  # its first token, sampled at the end of its prefill
+        self.C.append(c)
+        self.R.append(int(reqs.output[rid] - reqs.generated[rid]))
         self.RID.append(rid)
         self.TGT.append(tokens)
         if self.spec is not None:
-            self.NX.append(int(reqs.lead_off[rid]))
-            self.PROP.append(0)
-            self.ACC.append(0)
-            self.VER.append(0)
-            self.VEM.append(0)
+            self.NX.append(int(reqs.lead_off[rid] + reqs.verify_steps[rid]))
+            self.PROP.append(int(reqs.proposed[rid]))
+            self.ACC.append(int(reqs.accepted[rid]))
+            self.VER.append(int(reqs.verify_steps[rid]))
+            self.VEM.append(int(reqs.verify_emitted[rid]))
         self.active.append(e)
+        if c < tokens:
+            self.partials.append(e)
+        return e
 
-    def _decode_outcomes(self, k: int, n: int) -> int:
-        """Every running sequence's tokens this step: accepted drafts + 1 (capped by what is left)
+    def _prefilled(self, done: list[int]) -> None:
+        """These entries' prefill is done: they decode from the next step."""
+        if self.partials:
+            d = set(done)
+            self.partials = [e for e in self.partials if e not in d]
+        C = self.C
+        self.ctx += sum([C[e] for e in done])
+
+    def _blocks_after(self, k: int, need: int, taken: int) -> None:
+        """Every entry holds ceil(context / B) blocks after the step (a reservation's rejected
+        drafts released): the free blocks follow. Without drafts the decoding sequences hold what
+        they reserved (`need` more), and the prefills what their chunks took (`taken`)."""
+        if k:
+            C = self.C
+            held = sum([(C[e] + (B - 1)) // B for e in self.active])
+        else:
+            held = self.held + need + taken
+        self.free -= held - self.held
+        self.held = held
+
+    def _decode(self, k: int, dec: list[int]) -> int:
+        """Every decoding sequence's tokens this step: accepted drafts + 1 (capped by what is left)
         read from its outcomes, or one without speculation; contexts grow. Returns the tokens."""
-        C, R, act = self.C, self.R, self.active
+        C, R = self.C, self.R
         if not k:
-            for e in act:
+            for e in dec:
                 C[e] += 1
                 R[e] -= 1
-            if self._min_left is not None:
-                self._min_left -= 1
-            self.ctx += n
-            return n
+            self.ctx += len(dec)
+            return len(dec)
         lead = self.reqs.lead_b
         NX, PROP, ACC, VER, VEM = self.NX, self.PROP, self.ACC, self.VER, self.VEM
         emitted = 0
-        for e in act:
-            a = lead[NX[e]]
-            if a > k:
-                a = k
+        for e in dec:
+            acc = lead[NX[e]]
+            if acc > k:
+                acc = k
             NX[e] += 1
-            x = a + 1
+            x = acc + 1
             r = R[e]
             if x > r:
                 x = r
             PROP[e] += k
-            ACC[e] += a
+            ACC[e] += acc
             VER[e] += 1
             VEM[e] += x
             C[e] += x
             R[e] = r - x
             emitted += x
-        self._min_left = None
         self.ctx += emitted
         return emitted
-
-    def _release(self) -> None:
-        """Blocks reserved for rejected drafts released: every sequence holds ceil(context / B)."""
-        C = self.C
-        held = sum([(C[e] + (B - 1)) // B for e in self.active])
-        self.free -= held - self.held
-        self.held = held
 
     def _finish(self, t: float) -> None:
         """Sequences with nothing left leave at t (blocks freed, draft counters kept)."""
@@ -432,6 +515,10 @@ class Cursor:
         self.gone.append((t, len(left)))
         self._min_left = None
 
+    def _segment(self, a: float, end_bound: float, fb: FuseBound) -> int:
+        """Plain decode steps in closed form: `PlainCursor`'s (a speculative cursor steps one by one)."""
+        raise NotImplementedError
+
     def _spec_step(self, a: float, end_bound: float) -> int:
         """One speculative decode step (nothing admitted: nothing waiting has arrived, or no slot),
         its outcomes, the rejected drafts' blocks and the completions in one pass over the batch.
@@ -444,11 +531,11 @@ class Cursor:
         if peek is not None and peek[0] == self.t and len(peek[1]) == 3:
             k, qv, cost = peek[1]
         else:
-            k = self._k(n)
+            k = self._k(n, act)
             spec = self.spec
             assert spec is not None
             qv = spec.verify_tokens(k) if k else 1
-            if self.free < n * (qv // B + 1) and self._reserve(k)[1] > self.free:
+            if self.free < n * (qv // B + 1) and self._reserve(k, act)[1] > self.free:
                 return HARD  # it would preempt
             cost = self.rep._spec_step(n, float(self.ctx), k)
             self._peek = (self.t, (k, qv, cost))
@@ -508,150 +595,80 @@ class Cursor:
         self.t = end
         return DONE
 
-    def _segment(self, a: float, end_bound: float, fb: FuseBound) -> int:
-        """Plain decode steps from t in closed form (`Replica._plan_segment`'s expressions): the
-        steps that start before the next metric cut and before the first waiting request arrives
-        (the step after it admits it), end before a and before `end_bound`, up to the first
-        completion and while the KV blocks they grow into are free. A step during which a waiting
-        request arrives is logged apart (its waiting count differs)."""
-        rep = self.rep
-        cost = self.rt.cost
-        C, R, act = self.C, self.R, self.active
-        n = len(act)
-        t = self.t
-        m = self._min_left
-        if m is None:
-            m = self._min_left = min([R[e] for e in act])
-        ctx0 = float(self.ctx)
-        d0 = cost.decode_s(n, ctx0)
-        sb = fb.next_cut_s(t)  # steps start before it
-        arrive = math.inf  # the first request sent here that arrives after t
-        for _, arrived in self.pending:
-            if arrived > t:
-                arrive = arrived
-                break
-        if arrive < sb:
-            sb = arrive
-        el = a if a < end_bound else end_bound  # steps end before it
-        mm = min(m, FUSE_MAX_STEPS, int((el - t) / d0) + 1)
-        free = self.free
-        hist = [0] * B
-        for e in act:
-            hist[C[e] % B] += 1
-        cnt = hist[0::-1] + hist[:0:-1]  # cnt[r]: sequences taking a new block at step r
-        first = [0] * (B + 1)
-        for r in range(B):
-            first[r + 1] = first[r] + cnt[r]
-        if n * (mm // B + 1) > free and (mm // B) * n + first[mm % B] > free:
-            s_ = (free // n) * B
-            while s_ < mm and ((s_ + 1) // B) * n + first[(s_ + 1) % B] <= free:
-                s_ += 1
-            mm = s_
-            if mm < 1:
-                return HARD  # it would preempt
-        last = mm - 1
-        slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
-        # the expressions and float order of `_plan_segment`'s start(j) and end
-        k = mm
-        x = y = x1 = y1 = 0.0
-        while k >= 1:
-            x1, y1 = (k - 1) * d0, slope * ((k - 1) * (k - 2) / 2.0)
-            if t + x1 + y1 < sb:
-                x, y = k * d0, slope * (k * (k - 1) / 2.0)
-                if t + x + y < el:
-                    break
-            k -= 1
-        if k < 1:  # its first step ends at or after a (it waits for the arrival's routing), or past the end bound
-            return HARD if t + d0 >= end_bound else WAIT
-        end = t + (x + y)
-        used0 = self.num_blocks - free
-        but_last = ((k - 1) // B) * n + first[(k - 1) % B]
-        new_blocks = (k // B) * n + first[k % B]
-        self.free = free - new_blocks
-        self.held += new_blocks
-        for e in act:
-            C[e] += k
-            R[e] -= k
-        self._min_left = m - k
-        self.ctx += n * k
-        self._finish(end)
-        used = self.num_blocks - self.free
-        if end >= arrive:  # a request arrives during its last step: that step's row apart
-            if k > 1:
-                self.rows.append(list(rep._run_row(t, k - 1, d0, slope, n, ctx0, used0 + but_last,
-                                                   self._waiting_at(t + (x1 + y1)))))
-            self.rows.append(list(rep._run_row(t + (x1 + y1), 1, d0 + (k - 1) * slope, 0.0, n, ctx0 + (k - 1) * n,
-                                               used, self._waiting_at(end))))
-        else:
-            self.rows.append(list(rep._run_row(t, k, d0, slope, n, ctx0, used, self._waiting_at(end))))
-        self.p_steps += k
-        self.t = end
-        return DONE
-
 
 class PlainCursor(Cursor):
-    """A cursor without speculation: every running sequence gains one token a step, so entry e has
-    context base_e + S after the cursor's S-th step and finishes at step FIN_e; the context sum, the
-    KV blocks the next steps take (a histogram of base mod B) and the next completion (a heap of
-    FIN) are kept without touching every entry (`Replica._plan_absorbing`'s scalars)."""
+    """A cursor without speculation: every decoding sequence gains one token a step, so a decoding
+    entry e has context C_e + S after the cursor's S-th step (`C` holds its base) and finishes at
+    step FIN_e; the context sum, the KV blocks the next steps take (a histogram of base mod B) and
+    the next completion (a heap of FIN) are kept without touching every entry
+    (`Replica._plan_absorbing`'s scalars). Entries still prefilling keep their context in `C`."""
 
     def __init__(self, rep: Replica, t: float) -> None:
         super().__init__(rep, t)
-        self.S = 0
-        self.base: list[int] = self.C  # (S = 0)
-        self.FIN: list[int] = self.R[:]
-        self.hist = [0] * B
-        for c in self.C:
-            self.hist[c % B] += 1
-        self.heap = [(f, e) for e, f in enumerate(self.FIN)]
-        heapq.heapify(self.heap)
-        self.alive = [True] * len(self.C)
+        self._index()
 
-    def close(self) -> Piece | None:
-        if not self.p_steps:
-            return None
-        S = self.S
+    def _index(self) -> None:
+        """S = 0: the decoding entries' bases are their contexts, FIN their tokens left."""
+        self.S = 0
+        n = len(self.C)
+        self.FIN = self.R[:]
+        self.hist = [0] * B
+        self.alive = [True] * n
+        p = set(self.partials)
+        heap = []
+        for e in range(n):
+            if e not in p:
+                self.hist[self.C[e] % B] += 1
+                heap.append((self.FIN[e], e))
+        heapq.heapify(heap)
+        self.heap = heap
+
+    def _entries(self) -> tuple[list[int], ...]:
+        S, p = self.S, set(self.partials)
         act = self.active
-        self.C = [self.base[e] + S for e in act]
-        self.R = [self.FIN[e] - S for e in act]
-        self.RID = [self.RID[e] for e in act]
-        self.TGT = [self.TGT[e] for e in act]
-        self.active = list(range(len(act)))
-        piece = super().close()
-        # (entries renumbered in slot order: base relative to S, as before)
-        self.base = [c - S for c in self.C]
-        self.FIN = [r + S for r in self.R]
-        self.heap = [(f, e) for e, f in enumerate(self.FIN)]
-        heapq.heapify(self.heap)
-        self.alive = [True] * len(self.base)
-        return piece
+        C = [self.C[e] if e in p else self.C[e] + S for e in act]
+        R = [self.R[e] if e in p else self.FIN[e] - S for e in act]
+        return [self.RID[e] for e in act], C, R, [self.TGT[e] for e in act]
+
+    def _renumber(self, state: tuple[list[int], ...]) -> None:
+        super()._renumber(state)
+        self._index()
 
     def quiet(self, a: float) -> bool:
-        if self.pending or not self.active:
-            return not self.pending
+        if self.pending or self.partials or not self.active:
+            return not (self.pending or self.partials)
         d = self.rt.cost.decode_s(len(self.active), float(self.ctx))
         return self.t + (self.heap[0][0] - self.S) * d > a + QUIET_MARGIN * (a if a > 1.0 else 1.0)
 
-    def _reserve(self, k: int) -> tuple[int, int]:
-        return 1, self.hist[(-self.S) % B]  # the sequences whose next token opens a block
+    def _reserve(self, k: int, dec: list[int]) -> tuple[int, int]:
+        return 1, self.hist[(-self.S) % B]  # the decoding sequences whose next token opens a block
 
-    def _add(self, rid: int, tokens: int) -> None:
-        e = len(self.base)
-        be = tokens - self.S  # (after this step: S already counts it)
-        self.base.append(be)
-        f = self.S + int(self.reqs.output[rid]) - 1
-        self.FIN.append(f)
-        heapq.heappush(self.heap, (f, e))
-        self.alive.append(True)
-        self.hist[be % B] += 1
-        self.RID.append(rid)
-        self.TGT.append(tokens)
-        self.active.append(e)
-
-    def _decode_outcomes(self, k: int, n: int) -> int:
+    def _decode(self, k: int, dec: list[int]) -> int:
         self.S += 1
-        self.ctx += n
-        return n
+        self.ctx += len(dec)
+        return len(dec)
+
+    def _prefilled(self, done: list[int]) -> None:
+        """Entries whose prefill is done join the decoding ones (base = context - S)."""
+        super()._prefilled(done)
+        S = self.S
+        for e in done:
+            if e >= len(self.alive):
+                self.alive.append(True)
+                self.FIN.append(0)
+            be = self.C[e] - S
+            self.C[e] = be
+            f = S + self.R[e]
+            self.FIN[e] = f
+            heapq.heappush(self.heap, (f, e))
+            self.hist[be % B] += 1
+
+    def _add(self, rid: int, c: int, tokens: int) -> int:
+        e = super()._add(rid, c, tokens)
+        while len(self.alive) <= e:
+            self.alive.append(True)
+            self.FIN.append(0)
+        return e
 
     def _finish(self, t: float) -> None:
         heap, S = self.heap, self.S
@@ -660,12 +677,12 @@ class PlainCursor(Cursor):
         count = 0
         while heap and heap[0][0] <= S:
             _, e = heapq.heappop(heap)
-            c = self.base[e] + S
+            c = self.C[e] + S
             nb = (c + (B - 1)) // B
             self.free += nb
             self.held -= nb
             self.ctx -= c
-            self.hist[self.base[e] % B] -= 1
+            self.hist[self.C[e] % B] -= 1
             self.alive[e] = False
             self.done.append((self.RID[e], t, 0, 0, 0, 0))
             count += 1

@@ -231,7 +231,7 @@ def run_counter(monkeypatch):
 
     def pieces(self, piece):  # a piece of the rack's joint plan (least outstanding, sim/joint.py)
         waiting = set(self.waiting)
-        at_start = sum(rid in waiting for rid, _, _ in piece.admitted)
+        at_start = sum(rid in waiting for rid, _ in piece.admitted)
         seen.append({"pieces": len(piece.rows), "inside": sum(c for t, c in piece.gone if t < piece.end_s),
                      "at_start": at_start, "during": len(piece.admitted) - at_start})
         return (yield from piece_run(self, piece))
