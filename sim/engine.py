@@ -1942,6 +1942,8 @@ class Replica:
                 self.n_vemit[:m] = vem
         self.n_running = m
         self.free_blocks = piece.free
+        if piece.done and reqs.on_complete is not None:  # (an autoscaled fleet: a draining replica emptied leaves)
+            reqs.on_complete(len(piece.done))
         self.log.extend(piece.rows)
         return piece.steps
 

@@ -35,6 +35,7 @@ keeps exact), and a piece's admissions are checked against the waiting queue it 
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from models.memory import BLOCK_SIZE
+from sim.fleet import LIVE
 
 if TYPE_CHECKING:
     from sim.engine import FuseBound, Replica
@@ -792,6 +794,11 @@ class RackPlanner:
         self.pieces: list[deque[Piece]] = [deque() for _ in range(r)]
         self.j = -1  # the next arrival to route (-1: not started)
         self.broken = False
+        # an autoscaled fleet (sim.fleet): the router sends to live replicas only, and the live set (and
+        # speculation that follows load) changes only at these times, which the plan never passes
+        # before the run has (the autoscaler's ticks read completions and counts as they are then)
+        self.fleet: Any = None
+        self.changes: list[float] = []
         self.routed: dict[int, int] = {}  # arrival -> the replica the plan sent it to, until the arrival process does
         # requests the plan sent to a replica whose cursor it then dropped, arriving after the drop: they
         # count for its next ordinary step (`ordinary`)
@@ -885,6 +892,16 @@ class RackPlanner:
                 break
         return None
 
+    def _route(self, j: int, a: float, w: Cursor | Out) -> None:
+        """Arrival j, at a, waits at the replica whose cursor (or ordinary step) is `w`."""
+        if isinstance(w, Cursor):
+            if w.t == math.inf:
+                w.wake(a)
+            w.pending.append((j, a))
+        else:
+            w.sent += 1
+        self.j = j + 1
+
     def _extend(self, requester: int, catch_up: bool = False) -> None:
         """Route arrivals in order, planning each replica's steps that end before one first (but
         for replicas that cannot change their count before it), until EXTEND_ARRIVALS are routed
@@ -898,11 +915,26 @@ class RackPlanner:
         cur = self.cursors
         routed = 0
         end_bound = self.horizon_s
+        changes = self.changes
+        stop_s = math.inf  # the next change of the live set after now: nothing is planned past it yet
+        if changes:
+            i = bisect.bisect_right(changes, fb.env.now)
+            stop_s = changes[i] if i < len(changes) else math.inf
+        fleet = self.fleet
         while not self.broken:
             j = self.j
             if j >= nq or (catch_up and j >= fb.next_index):
                 break
             a = at[j]
+            if a >= stop_s:
+                break
+            if j < fb.next_index:  # already routed by the arrival process (the plan caught up): where it went
+                best = int(self.replicas[0].reqs.replica[j])
+                got = self._count(best, a)
+                if got is None:
+                    break  # (where it waits is not known yet)
+                self._route(j, a, got[1])
+                continue
             for r in range(R):
                 c = cur[r]
                 if c is not None and c.t < a and not c.quiet(a) and not c.advance(a, end_bound, fb):
@@ -921,23 +953,22 @@ class RackPlanner:
             if sum(counts) + 1 > self.limit or any(isinstance(w, Out) and w.start_s == a for w in where):
                 self.broken = True  # the backlog could stop the run here, or a tie SimPy's event order decides
                 break
-            best = counts.index(min(counts))
-            self.routed[j] = best
-            w = where[best]
-            if isinstance(w, Cursor):
-                if w.t == math.inf:
-                    w.wake(a)
-                w.pending.append((j, a))
+            if fleet is None:
+                best = counts.index(min(counts))
             else:
-                w.sent += 1
-            self.j = j + 1
+                live = [r for r in range(R) if fleet.state[r] == LIVE]
+                best = min(live, key=counts.__getitem__)
+            self.routed[j] = best
+            self._route(j, a, where[best])
             routed += 1
             if routed >= EXTEND_ARRIVALS and not catch_up:
                 rc = cur[requester]
                 if rc is None or rc.p_steps:
                     break
-        # every replica's steps that end before the next arrival, then the pieces
+        # every replica's steps that end before the next arrival (and the next change), then the pieces
         a = at[self.j] if self.j < nq else math.inf
+        if stop_s < a:
+            a = stop_s
         for r in range(R):
             c = cur[r]
             if c is not None and c.t < a and not self.broken and not c.advance(a, end_bound, fb):

@@ -261,7 +261,8 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         env.process(_arrivals(env, queued, routable, sc.deployment.router, stop, limit, fuse, static=not dynamic))
         replicas.extend(Replica(env, i, rt, reqs, rngs[i], log, fuse) for i in range(rt.num_replicas))
         spec = sc.speculative
-        if (fuse is not None and not dynamic and sc.deployment.router == "least_outstanding" and rt.num_replicas > 1
+        rack: RackPlanner | None = None
+        if (fuse is not None and sc.deployment.router == "least_outstanding" and rt.num_replicas > 1
                 and rt.prefill == "mixed" and not units and all(r.fuse is not None for r in replicas)
                 and not (spec is not None and spec.policy == "adaptive" and rt.spec is not None and rt.spec.shape is not None)):
             rack = RackPlanner(replicas, fuse, horizon, limit)  # the replicas planned jointly (sim/joint.py)
@@ -274,6 +275,8 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
             fleet = Fleet(env, replicas, start, routable)
             if isinstance(fuse, FleetBound):
                 fuse.fleet = fleet
+            if rack is not None:  # (it routes to live replicas only, and plans up to the next change of them)
+                rack.fleet, rack.changes = fleet, sorted(set(change_times(sc, warmup_s, horizon)))
             cap = replica_capacity_rps if replica_capacity_rps is not None else 0.0
             if auto is not None:
                 reqs.on_complete = fleet.on_complete
