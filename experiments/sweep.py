@@ -269,11 +269,14 @@ def _own_capacity(sc: Scenario) -> Capacity:
     return capacity(sc, speculative=True)
 
 
-def plan_points(spec: SweepSpec, jobs: int | None = 1) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+def plan_points(spec: SweepSpec, jobs: int | None = 1, pool: cf.Executor | None = None
+                ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """All (variant, utilisation, seed) tasks, and each variant's own capacity (peak sustainable
     rate, full-batch throughput, peak and the closed-loop curve behind them). Each distinct
     deployment is measured once (the reference and the baseline variant are one), in parallel
-    processes when `jobs` allows. A concurrency sweep measures no capacity (empty figures)."""
+    processes when `jobs` allows, or in `pool` (then the capacities other than the reference's,
+    which the tasks' rates need, come back as futures in caps["_pending"], measured while the
+    tasks run: `finish_caps`). A concurrency sweep measures no capacity (empty figures)."""
     if spec.concurrency:
         scs = [spec.base.with_overrides(v.overrides) for v in spec.variants]
         tasks: list[Any] = []
@@ -288,28 +291,50 @@ def plan_points(spec: SweepSpec, jobs: int | None = 1) -> tuple[list[dict[str, A
     scs = [spec.base.with_overrides(v.overrides) for v in spec.variants]
     ref_key = capacity_key(ref_sc)
     keys = [capacity_key(sc, speculative=True) for sc in scs]
-    todo = dict(zip(keys, scs, strict=True))
-    todo.setdefault(ref_key, baseline_of(ref_sc))
+    todo = {ref_key: baseline_of(ref_sc)}  # the reference first: the tasks' rates need it
+    for k, sc in zip(keys, scs, strict=True):
+        todo.setdefault(k, sc)
+    if pool is not None:
+        futs = {k: pool.submit(_own_capacity, sc) for k, sc in todo.items()}
+        ref_cap = futs[ref_key].result()
+        remember(ref_key, ref_cap)
+        return _tasks(spec, scs, ref_cap), {"_pending": {"futures": futs, "keys": keys, "ref": ref_cap}}
     workers = min(jobs or os.cpu_count() or 1, len(todo))
     if workers > 1:
         with cf.ProcessPoolExecutor(max_workers=workers, initializer=_die_with_parent, initargs=(os.getpid(),)) as ex:
             measured = dict(zip(todo, ex.map(_own_capacity, todo.values()), strict=True))
     else:
         measured = {k: _own_capacity(sc) for k, sc in todo.items()}
-    for k, c in measured.items():
-        remember(k, c)
-    ref_cap = measured[ref_key]
-    caps: dict[str, dict[str, Any]] = {}
-    tasks = []
-    for v, sc_v, key in zip(spec.variants, scs, keys, strict=True):
-        own = measured[key]
-        caps[v.name] = {**own.as_dict(curve=False), "reference_capacity_rps": ref_cap.rps,
-                        "curve": [list(r) for r in own.curve]}
+    return _tasks(spec, scs, measured[ref_key]), _caps(spec, keys, measured, measured[ref_key])
+
+
+def _tasks(spec: SweepSpec, scs: list[Scenario], ref_cap: Capacity) -> list[dict[str, Any]]:
+    """Every (variant, utilisation, seed) point, each variant offered u x the reference capacity."""
+    tasks: list[dict[str, Any]] = []
+    for v, sc_v in zip(spec.variants, scs, strict=True):
         for u in spec.utilisation:
             sc = sc_v.with_overrides({"workload.rate_rps": u * ref_cap.rps})
             tasks.extend({"variant": v.name, "utilisation": u, "concurrency": None, "seed": seed, "key": f"{sc.key()}-{seed}",
                           "scenario": sc.model_dump(mode="json")} for seed in spec.seeds)
-    return tasks, caps
+    return tasks
+
+
+def _caps(spec: SweepSpec, keys: list[str], measured: dict[str, Capacity], ref_cap: Capacity) -> dict[str, dict[str, Any]]:
+    """Each variant's capacity figures (and the reference's rate), kept in this process's cache."""
+    for k, c in measured.items():
+        remember(k, c)
+    return {v.name: {**measured[key].as_dict(curve=False), "reference_capacity_rps": ref_cap.rps,
+                     "curve": [list(r) for r in measured[key].curve]}
+            for v, key in zip(spec.variants, keys, strict=True)}
+
+
+def finish_caps(spec: SweepSpec, caps: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The capacities `plan_points` left measuring in its pool, once measured."""
+    pending = caps.get("_pending")
+    if pending is None:
+        return caps
+    measured = {k: f.result() for k, f in pending["futures"].items()}
+    return _caps(spec, pending["keys"], measured, pending["ref"])
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -388,7 +413,23 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, exec
     check_out_dir(out)
     pts = out / "points"
     pts.mkdir(parents=True, exist_ok=True)
-    tasks, caps = plan_points(spec, jobs if isinstance(executor, str) and executor == "process" else 1)
+    procs = jobs or os.cpu_count() or 1
+    pool: cf.ProcessPoolExecutor | None = None
+    if isinstance(executor, str) and executor == "process" and procs > 1 and not spec.concurrency:
+        # one pool for the capacities and the points: the points start as soon as the reference's is known
+        pool = cf.ProcessPoolExecutor(max_workers=procs, initializer=_die_with_parent, initargs=(os.getpid(),))
+    try:
+        return _run_sweep(spec, out, jobs=jobs, executor=executor, progress=progress, pool=pool)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
+def _run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None, executor: str | cf.Executor, progress: bool,
+               pool: cf.ProcessPoolExecutor | None) -> tuple[pd.DataFrame, dict[str, dict[str, float]]]:
+    out = Path(out)
+    pts = out / "points"
+    tasks, caps = plan_points(spec, jobs if isinstance(executor, str) and executor == "process" else 1, pool)
     # rows are kept per task; the cache file is per scenario content and seed, so two variants with
     # identical scenarios share one computation and a renamed variant reuses its points
     rows: dict[int, dict[str, Any]] = {}
@@ -423,8 +464,11 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, exec
         for i in todo:
             record(i, run_point(tasks[i]))
     else:
-        with cf.ProcessPoolExecutor(max_workers=jobs or os.cpu_count() or 1, initializer=_die_with_parent,
-                                    initargs=(os.getpid(),)) as ex:
+        ex = pool if pool is not None else cf.ProcessPoolExecutor(
+            max_workers=jobs or os.cpu_count() or 1, initializer=_die_with_parent, initargs=(os.getpid(),))
+        with contextlib.ExitStack() as stack:
+            if pool is None:
+                stack.enter_context(ex)
             futs = {ex.submit(run_point, tasks[i]): i for i in todo}
             try:
                 for fut in cf.as_completed(futs):
@@ -433,6 +477,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, exec
                 for pending in futs:
                     pending.cancel()
                 raise
+    caps = finish_caps(spec, caps)
     by_key = {r["point_key"]: r for r in rows.values() if not r.get("error")}
     table = []
     for i, t in enumerate(tasks):

@@ -69,6 +69,7 @@ SPEC_SCALAR_STEPS = 24
 # numpy's arrays (`Replica._spec_run`); a smaller one, and every tree or adaptive run, step by step in
 # scalars (`Replica._spec_steps_run`)
 SPEC_STEP_SEQS = 64
+ADAPTIVE_SCALAR_SEQS = 40  # the adaptive policy weighs a larger batch's acceptance estimates with numpy
 
 
 class VerifyPlan(NamedTuple):
@@ -744,16 +745,21 @@ class Replica:
         assert spec is not None
         k_max = spec.k
         n = len(acc)
-        exp = [float(n)] * (k_max + 1)
         dp = self._decay_pows
-        for a_i, p_i in zip(acc, prop, strict=True):
-            a = (a_i + 2.8) / (p_i + 4.0)
-            surv = 1.0
-            tot = 0.0
-            for i in range(k_max):
-                surv *= a * dp[i]
-                tot += surv
-                exp[i + 1] += tot
+        if n > ADAPTIVE_SCALAR_SEQS:  # (numpy over a large batch: the same choice wherever it is made)
+            a_arr = (np.array(acc, dtype=np.float64) + 2.8) / (np.array(prop, dtype=np.float64) + 4.0)
+            surv_arr = np.cumprod(a_arr[:, None] * np.array(dp)[None, :], axis=1)
+            exp = [float(n), *(n + np.cumsum(surv_arr.sum(axis=0))).tolist()]
+        else:
+            exp = [float(n)] * (k_max + 1)
+            for a_i, p_i in zip(acc, prop, strict=True):
+                a = (a_i + 2.8) / (p_i + 4.0)
+                surv = 1.0
+                tot = 0.0
+                for i in range(k_max):
+                    surv *= a * dp[i]
+                    tot += surv
+                    exp[i + 1] += tot
         best_k, rates = 0, []
         for k in range(k_max + 1):
             rates.append(exp[k] / self._spec_step(n, ctx, k)[0])
