@@ -44,6 +44,7 @@ from experiments.sweep import Variant, check_distinct, default_sweep_path, parse
 from models.catalog import GPUS, get_gpu
 from models.engines import get_profile, resolve
 from models.errors import ConfigError, unknown
+from sim.capacity import Capacity, capacity_key, remember
 from sim.deployment import build_runtime, gpus_per_replica
 from sim.metrics import relaxation_s
 from sim.scenario import MAX_REQUESTS, SLO_KEYS, Scenario, gpu_name, load_scenario, read_toml, slo_key_hint
@@ -1098,10 +1099,38 @@ def headroom(spec: PlanSpec, s: Strategy, gpu: str, row: dict[str, Any]) -> dict
     return {"headroom_rps": lo, "headroom_fail_rps": hi, "headroom_share": lo / rate - 1.0, "headroom_evaluations": runs}
 
 
+def _capacity_task(one: Scenario, points: str | None) -> tuple[str, Capacity]:
+    return capacity_key(one, speculative=True), capacity_of(one, points, speculative=True)
+
+
+def measure_capacities(spec: PlanSpec, jobs: int | None = None, label: str = "") -> None:
+    """Every searched configuration's capacity per replica (what `search_row` prunes with), each
+    deployment once, all measured in parallel before the search (a strategy's search then finds
+    them: in OUT/points, or in this process's cache, which the search's workers inherit), so one
+    strategy's many configurations do not keep a single worker busy while the others idle."""
+    todo: dict[str, Scenario] = {}
+    for g in spec.gpus:
+        for s in spec.strategies:
+            for cfg in grid(spec, s, g, spec.rate_rps):
+                try:
+                    one = _one(spec, configured(s, spec.base, cfg), g, spec.rate_rps)
+                except ConfigError:
+                    continue
+                per = gpus_per_replica(one)
+                if spec.search.gpus_per_node is not None and per > spec.search.gpus_per_node:
+                    continue
+                todo.setdefault(capacity_key(one, speculative=True), one)
+    # the longest first (speculation measures more populations; fewer GPUs a replica, more steps a second)
+    order = sorted(todo.values(), key=lambda sc: (sc.speculative is None, gpus_per_replica(sc)))
+    for key, cap in _map(_capacity_task, [(one, spec.points) for one in order], jobs, label):
+        remember(key, cap)
+
+
 def run_search(spec: PlanSpec, jobs: int | None = None, prune: bool = True,
                label: str = "") -> tuple[pd.DataFrame, pd.DataFrame]:
     """(the ranked planning table: one row per strategy x GPU type at the plan's traffic, its
     cheapest passing configuration; every configuration searched, with `pareto`)."""
+    measure_capacities(spec, jobs, "capacities" if label else "")
     tasks = [(spec, s, g, spec.rate_rps, prune) for g in spec.gpus for s in spec.strategies]
     found = _map(search_row, tasks, jobs, label)
     configs = pd.DataFrame([c for f in found for c in f["configs"]])

@@ -123,6 +123,15 @@ _MATRIX = {
     "2-replicas-rr": dict(rack={"gpu": "h100-sxm", "num_gpus": 8}, deployment={"router": "round_robin"},
                           workload={"rate_rps": 5.0, "duration_s": 60.0}),
     "4-replicas-least": dict(rack={"gpu": "h100-sxm", "num_gpus": 16}, workload={"rate_rps": 8.0, "duration_s": 40.0}),
+    # the joint plan (sim/joint.py): chunked prefills across steps (a 512-token budget), whole prompts
+    # (TensorRT-LLM), a KV cache of ~4k tokens (preemptions: ordinary steps, the replica out and rejoining)
+    "3-replicas-least-chunked": dict(rack={"gpu": "h100-sxm", "num_gpus": 12}, deployment={"max_num_batched_tokens": 512},
+                                     workload={"rate_rps": 6.0, "duration_s": 40.0, "warmup_s": 4.0}),
+    "2-replicas-least-trtllm": dict(rack={"gpu": "h100-sxm", "num_gpus": 8},
+                                    deployment={"engine": "trtllm", "max_num_batched_tokens": 1024},
+                                    workload={"rate_rps": 5.0, "duration_s": 40.0}),
+    "2-replicas-least-kv": dict(rack={"gpu": "h100-sxm", "num_gpus": 8}, deployment={"gpu_memory_utilization": 0.455},
+                                workload={"rate_rps": 7.0, "duration_s": 30.0}, sim={"drain_s": 1e4}),
     # overloaded: full slots (fused runs with requests waiting), stopped by the backlog limit
     "4-replicas-rr-backlog": dict(rack={"gpu": "h100-sxm", "num_gpus": 16},
                                   deployment={"router": "round_robin", "max_num_seqs": 16},
@@ -162,9 +171,10 @@ def test_fused_equals_unfused(make_scenario, name: str) -> None:
     sc = make_scenario(**_MATRIX[name])
     # a closed loop over several replicas fuses little (a run ends at the next event anywhere); near
     # a backlog stop with a limit (40) under what the replicas hold (4 x 16 slots) every run ends
-    # before the next arrival (`engine.backlog_stop`: preemptions elsewhere could fill the queues)
+    # before the next arrival (`engine.backlog_stop`: preemptions elsewhere could fill the queues);
+    # a step that preempts is always the ordinary step's
     _check(sc, min_fused={"heavy": 1.5, "separate": 1.5, "closed-think-2-replicas": 1.0, "closed-trtllm-2-replicas": 1.0, "4-replicas-rr-backlog": 1.5,
-                          "4-replicas-least-backlog": 1.25}.get(name, 2.0))
+                          "4-replicas-least-backlog": 1.25, "2-replicas-least-kv": 1.15}.get(name, 2.0))
 
 
 def test_fused_equals_unfused_under_kv_pressure(make_scenario) -> None:
@@ -311,6 +321,8 @@ _SPEC_MATRIX = {
                           speculative=_DRAFT, workload={"rate_rps": 4.0, "duration_s": 30.0}),
     "2-replicas-least": dict(rack={"gpu": "h100-sxm", "num_gpus": 8}, speculative=_DRAFT,
                              workload={"rate_rps": 5.0, "duration_s": 30.0}),
+    "3-replicas-least-chunked": dict(rack={"gpu": "h100-sxm", "num_gpus": 12}, deployment={"max_num_batched_tokens": 512},
+                                     speculative=_DRAFT, workload={"rate_rps": 6.0, "duration_s": 30.0}),
     "2-replicas-rr-full": dict(rack={"gpu": "h100-sxm", "num_gpus": 8}, deployment={"max_num_seqs": 8, "router": "round_robin"},
                                speculative=_DRAFT, workload={"rate_rps": 20.0, "duration_s": 20.0}, sim={"backlog_limit": 30}),
     "2-replicas-least-backlog": dict(rack={"gpu": "h100-sxm", "num_gpus": 8}, deployment={"max_num_seqs": 8},
@@ -852,3 +864,22 @@ def test_closed_loop_capacity_is_the_unfused_engines(make_scenario, engine: str,
         got = [closed_loop_throughput(sc.with_overrides({"sim.fuse_steps": fuse}), n, 2, completions=300)
                for fuse in (True, False)]
         assert got[0] == pytest.approx(got[1], rel=1e-9), (n, got)
+
+
+def test_the_router_checks_the_joint_plans_routing(make_scenario, monkeypatch) -> None:
+    """The arrival process routes every request itself and checks it against where the joint plan
+    sent it: a router that disagrees with the plan fails loudly instead of running on a wrong
+    plan (here the router is made to send every request to the other replica)."""
+    from sim import run
+
+    route = run._route
+
+    def contrary(replicas, router, rr, rid):
+        r = route(replicas, router, rr, rid)
+        return replicas[1 - r.idx]
+
+    sc = make_scenario(rack={"gpu": "h100-sxm", "num_gpus": 8}, workload={"rate_rps": 5.0, "duration_s": 20.0})
+    simulate(sc, 1)  # (agrees with itself)
+    monkeypatch.setattr(run, "_route", contrary)
+    with pytest.raises(AssertionError, match="the joint plan routed it to replica"):
+        simulate(sc, 1)
