@@ -19,7 +19,6 @@ import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from experiments.analysis import HEADLINE, SPEEDUP_METRICS, crossovers, load_axis
-from sim.capacity import SUSTAIN_CHECK_S
 
 PALETTE = ("#1f77b4", "#d62728", "#ff7f0e", "#9467bd", "#2ca02c", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
 # one colour per strategy in every chart (sweep report, plan report, compare): the built-in
@@ -165,6 +164,15 @@ def latency_chart(df: pd.DataFrame, slo: dict[str, float] | None = None) -> go.F
     return fig
 
 
+def collapse_cause(c: dict[str, Any]) -> str:
+    """Why a deployment's closed-loop throughput falls at full load, in a sentence."""
+    kv, slots = int(c.get("kv_sequences") or 0), int(c.get("batch_slots") or 0)
+    if kv and slots and kv < slots:
+        return (f"its paged KV holds about {kv} sequences of the mean length, fewer than its {slots} batch slots, so "
+                "at full load sequences are preempted and recomputed over and over.")
+    return "the speculation machinery's overhead grows with the running sequences, so a step grows faster than the batch."
+
+
 def capacity_chart(capacities: dict[str, dict[str, Any]]) -> go.Figure:
     """Throughput vs requests in the system (closed-loop curves), per variant: where speculation
     stops paying the curve bends over (the peak) and falls towards the full batch (the collapse)."""
@@ -187,7 +195,7 @@ def capacity_chart(capacities: dict[str, dict[str, Any]]) -> go.Figure:
                                      showlegend=False, hoverinfo="skip"))
     fig.update_layout(template="plotly_white", height=460, xaxis_title="requests in the system (closed-loop clients)",
                       yaxis_title="throughput (requests/s)",
-                      title="Throughput vs load: the peak, and the collapse where speculation fills the batch")
+                      title="Throughput vs load: the peak, and the collapse where the batch fills")
     return fig
 
 
@@ -314,14 +322,12 @@ def summary_text(df: pd.DataFrame, sp: pd.DataFrame, capacities: dict[str, dict[
                      "so every variant sees the same traffic.")
         for k, c in capacities.items():
             if c.get("collapse"):
-                lines.append(
-                    f"Collapse: {k} peaks at {c['peak_rps']:.2f} req/s with {c['peak_concurrency']} requests in the "
-                    f"system, and falls to {c['full_batch_rps']:.2f} req/s "
-                    f"({1 - c['full_batch_rps'] / c['peak_rps']:.0%} less) once every batch slot is full: the speculation "
-                    f"machinery's overhead grows with the running sequences, so a step grows faster than the batch. "
-                    f"Offered load between the two is "
-                    f"metastable (a burst tips it into overload); its capacity is the highest rate a "
-                    f"{SUSTAIN_CHECK_S:.0f} s open-loop run sustained, {c['capacity_rps']:.2f} req/s.")
+                lines.append(f"Collapse: {k} peaks at {c['peak_rps']:.2f} req/s with {c['peak_concurrency']} requests in "
+                             f"the system, and falls to {c['full_batch_rps']:.2f} req/s "
+                             f"({1 - c['full_batch_rps'] / c['peak_rps']:.0%} less) at full load: {collapse_cause(c)} "
+                             "Offered load between the two is metastable (a burst tips it into a regime that serves "
+                             f"less than is offered, and it stays there), so its capacity is the full-load figure, "
+                             f"{c['capacity_rps']:.2f} req/s.")
     checks = sorted({c[len("slo_"):-len("_met")] for c in df.columns
                      if c.startswith("slo_") and c.endswith("_met") and c != "slo_met"})
     if checks and "slo_met" in df:

@@ -4,21 +4,30 @@ long open-loop run would see it (docs/METRICS.md, 'Capacity').
 A closed loop of N clients (each sends its next request when the previous one completes) holds
 the number of requests in the system at N; its steady-state completion rate X(N) is the
 throughput the engine delivers at that load. With N above the rack's batch slots the batch is
-pinned at `max_num_seqs` and X is the **full-batch throughput**. Without speculation X rises
-with N up to the full batch (more sequences share each weight read), so the full-batch figure is
-the capacity: an open-loop run below it drains its queue, above it the queue grows.
+pinned at `max_num_seqs` and X is the **full-batch throughput**. Without speculation, and while
+the paged KV holds the batch, X rises with N up to the full batch (more sequences share each
+weight read), so the full-batch figure is the capacity: an open-loop run below it drains its
+queue, above it the queue grows.
 
-With speculation a step can grow faster than the batch: the machinery's overhead is a fraction of
-the target pass that itself grows with the running sequences (vLLM #49548: +6.6% at 2, +21.6% at
-189), so its cost is quadratic in the batch, on top of k+1 verified tokens per sequence. X(N) can
-then peak at a moderate batch and *fall* towards the full batch: the **collapse**. (At the
-measured overhead slope the fall is small, about 1% for the default 1B draft at k = 4; it grows
-with the slope and with k.) Offered load between the full-batch throughput and the peak then has two regimes,
-a healthy one at moderate batch and a collapsed one at full batch, and a burst tips it over. The
-capacity reported is the **peak sustainable rate**: the peak of X(N) when the fall is within
-noise; otherwise the highest rate at or below the peak at which an open-loop run of
-`SUSTAIN_CHECK_S` stays stable (checked by simulation, downwards in 3% steps to the full-batch
-throughput, which is always sustainable).
+Two things can make X(N) *fall* past a moderate population, the **collapse**:
+- **The paged KV runs out.** When the KV cache holds fewer sequences of the mix's mean length than
+  the engine has slots (a 70B model on two H100s holds ~18), the batch the scheduler admits at
+  full load outgrows the cache: sequences are preempted and recomputed every few steps, and X
+  at full load is far below X at the population the cache holds (1.04 vs 1.42 req/s there). The
+  ladder of populations is therefore taken over the sequences the cache holds, not the slots,
+  when those are fewer: a ladder over the slots alone would only ever see the thrash.
+- **Speculation's overhead grows with the batch**: the machinery's overhead is a fraction of the
+  target pass that itself grows with the running sequences (vLLM #49548: +6.6% at 2, +21.6% at
+  189), so its cost is quadratic in the batch, on top of k+1 verified tokens per sequence. (At
+  the measured overhead slope the fall is small, about 1% for the default 1B draft at k = 4; it
+  grows with the slope and with k.)
+Offered load between the full-load throughput and the peak then has two regimes, a healthy one at
+moderate batch and a collapsed one at full load, and the collapsed one is absorbing: there the
+rack serves less than is offered, so the queue that a burst built only grows. A long run meets
+that burst sooner or later (an open-loop run at 0.97x a KV-starved peak was stable for 1200 s
+and overloaded within 3000 s), so the capacity reported is the **peak** when the fall is within
+noise (COLLAPSE_TOL) and the **full-load throughput** when it is not: the highest rate a
+deployment sustains whatever the bursts.
 """
 
 from __future__ import annotations
@@ -27,20 +36,23 @@ import json
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
+from models.memory import BLOCK_SIZE
 from sim.deployment import ReplicaRuntime, build_runtime, gpus_per_replica
 from sim.run import run_table
 from sim.scenario import Scenario
 from sim.workload import LengthSampler, generate
 
-# closed-loop populations, as fractions of the rack's batch slots (replicas x max_num_seqs);
-# above 1 the batch is pinned at max_num_seqs (the full-batch throughput)
-LADDER = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0, 1.25)
-LADDER_PLAIN = (0.5, 0.75, 1.0, 1.25)  # without speculation X(N) only rises: fewer points suffice
+# closed-loop populations, as fractions of the batch a replica holds (its slots, max_num_seqs, or
+# the sequences of the mean length its paged KV holds where those are fewer)
+LADDER = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1.0)
+LADDER_PLAIN = (0.5, 0.75, 1.0)  # without speculation X(N) rises while the KV holds the batch: fewer points
+FULL_LOAD = 1.25  # and last, 1.25x the slots: the batch pinned at max_num_seqs (or at what the KV holds)
 MEASURED_COMPLETIONS = 2500  # completions in each closed-loop measurement window
-COLLAPSE_TOL = 0.03  # a peak more than 3% above the full-batch throughput is a collapse
-SUSTAIN_CHECK_S = 1200.0  # open-loop run length that checks a rate above the full-batch throughput
-SUSTAIN_STEP = 0.03
+COLLAPSE_TOL = 0.03  # a peak more than 3% above the full-load throughput is a collapse
+COLLAPSE_WINDOW = 4  # a collapsed deployment's full-load throughput: 4x the completions
+METHOD_VERSION = 2  # in capacity_key: capacities kept by an earlier method (OUT/points) are measured anew
 CURVE_COLUMNS = ("concurrency", "rps", "tok_s", "mean_batch")
 
 
@@ -60,6 +72,8 @@ class Capacity:
     collapse: bool = False
     method: str = "closed-loop"
     curve: tuple[tuple[float, float, float, float], ...] = field(default=())
+    kv_sequences: int = 0  # sequences of the mix's mean length the rack's paged KV holds (all replicas)
+    slots: int = 0  # the rack's batch slots (replicas x max_num_seqs)
 
     def as_dict(self, prefix: str = "", *, curve: bool = True) -> dict[str, object]:
         """Flat figures for summary.json and tables (`capacity_rps`, `full_batch_rps`, ...), each
@@ -69,6 +83,7 @@ class Capacity:
             f"{prefix}full_batch_rps": self.full_batch_rps, f"{prefix}full_batch_tok_s": self.full_batch_tok_s,
             f"{prefix}peak_rps": self.peak_rps, f"{prefix}peak_concurrency": self.peak_concurrency,
             f"{prefix}collapse": self.collapse, f"{prefix}capacity_method": self.method,
+            f"{prefix}kv_sequences": self.kv_sequences, f"{prefix}batch_slots": self.slots,
         }
         if curve:
             d[f"{prefix}capacity_curve"] = [dict(zip(CURVE_COLUMNS, r, strict=True)) for r in self.curve]
@@ -90,13 +105,8 @@ def closed_loop_throughput(sc: Scenario, concurrency: int, seed: int, completion
     if completions is None:  # small populations step many times per completion: fewer suffice there
         completions = int(np.clip(15 * concurrency, 800, MEASURED_COMPLETIONS))
     n = int(1.25 * (completions + 2 * concurrency))
-    trace = sc.workload.replays_trace  # a trace's lengths (arrival 'trace', or 'closed' with a trace)
-    wl = sc.workload.model_copy(update={"num_requests": n, "utilisation": None, "rate_rps": 1.0, "rate_profile": None,
-                                        "arrival": "trace" if trace else "poisson"})
-    table = generate(wl, seed, None if trace else 1.0)
-    if len(table) < n:  # a short trace (or window): its requests' lengths, resampled with replacement
-        pick = np.random.default_rng(seed).integers(0, len(table), n)
-        table = table.iloc[pick].reset_index(drop=True).assign(id=np.arange(n, dtype=np.int64))
+    trace = sc.workload.replays_trace
+    table = _lengths(sc, seed, n)
     req, steps, _, _ = run_table(sc, rt, table, seed, concurrency=concurrency, backlog_limit=10**12)
     done = np.sort(req.completion_s.to_numpy(np.float64))
     k0 = min(n - 2, max(2 * concurrency, n // 5))
@@ -115,20 +125,28 @@ def closed_loop_throughput(sc: Scenario, concurrency: int, seed: int, completion
     return tok_s / mean_out, tok_s, batch
 
 
-def _sustains(sc: Scenario, rate: float, seed: int) -> bool:
-    """Whether an open-loop Poisson run at `rate` for SUSTAIN_CHECK_S stays stable."""
-    from sim.simulate import simulate  # a capacity check is itself a run: sim.simulate imports this module
+def _lengths(sc: Scenario, seed: int, n: int) -> pd.DataFrame:
+    """n requests of the scenario's length mix (a trace's own lengths: arrival 'trace', or 'closed'
+    with a trace; a short trace or window resampled with replacement), arrivals irrelevant."""
+    trace = sc.workload.replays_trace
+    wl = sc.workload.model_copy(update={"num_requests": n, "utilisation": None, "rate_rps": 1.0, "rate_profile": None,
+                                        "arrival": "trace" if trace else "poisson"})
+    table = generate(wl, seed, None if trace else 1.0)
+    if len(table) < n:
+        pick = np.random.default_rng(seed).integers(0, len(table), n)
+        table = table.iloc[pick].reset_index(drop=True).assign(id=np.arange(n, dtype=np.int64))
+    return table
 
-    over: dict[str, object] = {"workload.rate_rps": rate, "workload.num_requests": None,
-                               "workload.duration_s": SUSTAIN_CHECK_S, "workload.warmup_s": 60.0,
-                               "workload.concurrency": None, "workload.think_time_s": None,
-                               "workload.max_concurrency": None}
-    if not sc.workload.replays_trace:
-        over["workload.arrival"] = "poisson"
-    else:  # a trace keeps its own burstiness, time-scaled to the rate
-        over["workload.arrival"] = "trace"
-    run = sc.with_overrides(over)
-    return bool(simulate(run, seed).summary["stable"])
+
+def kv_sequences(sc: Scenario, rt: ReplicaRuntime, seed: int) -> int:
+    """Sequences of the mix's mean final length (prompt + output) one replica's paged KV holds."""
+    if sc.workload.replays_trace:
+        t = _lengths(sc, seed, 2000)
+        mean_len = float(t.prompt_tokens.mean() + t.output_tokens.mean())
+    else:
+        mean_len = (LengthSampler(sc.workload.prompt_tokens, "prompt_tokens").mean()
+                    + LengthSampler(sc.workload.output_tokens, "output_tokens").mean())
+    return max(1, int(rt.plan.num_blocks * BLOCK_SIZE // max(mean_len, 1.0)))
 
 
 def one_replica(sc: Scenario) -> tuple[Scenario, int]:
@@ -146,13 +164,13 @@ def measure_capacity(sc: Scenario, seed: int) -> Capacity:
 
     Measured on one replica and multiplied by the replica count: at saturation the router keeps
     every replica's batch full, and below it least-outstanding routing splits the population
-    evenly (round-robin nearly so), so the rack's X(N) is R x one replica's X(N/R). The open-loop
-    check on one replica at 1/R of the rate is conservative: a router smooths the arrivals each
-    replica sees."""
+    evenly (round-robin nearly so), so the rack's X(N) is R x one replica's X(N/R)."""
     one, reps = one_replica(sc)
     rt = build_runtime(one)
     ladder = LADDER if sc.speculative is not None else LADDER_PLAIN
-    pops = sorted({max(1, round(f * rt.max_num_seqs)) for f in ladder})
+    kv = kv_sequences(one, rt, seed)
+    base = min(rt.max_num_seqs, kv)  # the batch the rack can hold: its slots, or fewer where the KV runs out
+    pops = sorted({max(1, round(f * base)) for f in ladder} | {round(FULL_LOAD * rt.max_num_seqs)})
     curve = []
     for n in pops:
         rps, tok_s, batch = closed_loop_throughput(one, n, seed, rt=rt)
@@ -162,17 +180,18 @@ def measure_capacity(sc: Scenario, seed: int) -> Capacity:
     collapse = peak[1] > full[1] * (1.0 + COLLAPSE_TOL)
     cap_rps, cap_tok = peak[1], peak[2]
     method = "closed-loop full batch" if peak is full else "closed-loop peak"
-    if collapse:
-        # between the full-batch throughput and the peak the healthy regime is metastable: keep the
-        # highest rate an open-loop run sustains
-        rate = peak[1]
-        while rate > full[1] * (1.0 + SUSTAIN_STEP) and not _sustains(one, rate / reps, seed):
-            rate *= 1.0 - SUSTAIN_STEP
-        rate = max(rate, full[1])
-        cap_tok *= rate / cap_rps
-        cap_rps, method = rate, "open-loop check below the closed-loop peak"
+    if collapse:  # above the full-load throughput a burst tips the rack into a regime it never leaves
+        # the capacity is now the full-load figure: measured over a window COLLAPSE_WINDOW x as long
+        # (preemption thrash is noisy, and its first thousands of completions run a little fast)
+        n_full = round(FULL_LOAD * rt.max_num_seqs)
+        rps, tok_s, batch = closed_loop_throughput(one, n_full, seed, COLLAPSE_WINDOW * MEASURED_COMPLETIONS, rt=rt)
+        full = (float(n_full * reps), rps * reps, tok_s * reps, batch)
+        curve[-1] = full
+        cap_rps, cap_tok = full[1], full[2]
+        method = "closed-loop full load (collapse: the peak is metastable)"
     return Capacity(rps=cap_rps, tok_s=cap_tok, full_batch_rps=full[1], full_batch_tok_s=full[2], peak_rps=peak[1],
-                    peak_concurrency=int(peak[0]), collapse=collapse, method=method, curve=tuple(curve))
+                    peak_concurrency=int(peak[0]), collapse=collapse, method=method, curve=tuple(curve),
+                    kv_sequences=kv * reps, slots=rt.max_num_seqs * reps)
 
 
 _CAPACITY_CACHE: dict[str, Capacity] = {}  # per process; a pure function of its key
@@ -184,8 +203,8 @@ def capacity_key(sc: Scenario, *, speculative: bool = False) -> str:
     dump = base.model_dump(mode="json")
     wl = base.workload.model_dump(mode="json", include={"prompt_tokens", "output_tokens", "arrival", "trace", "trace_format",
                                                         "trace_start_s", "trace_end_s", "classes"})
-    return json.dumps({**{k: dump[k] for k in ("rack", "deployment", "speculative", "seed")}, "workload": wl},
-                      sort_keys=True)
+    return json.dumps({**{k: dump[k] for k in ("rack", "deployment", "speculative", "seed")}, "workload": wl,
+                       "method": METHOD_VERSION}, sort_keys=True)
 
 
 def capacity(sc: Scenario, *, speculative: bool = False) -> Capacity:
