@@ -39,7 +39,7 @@ import pandas as pd
 
 from experiments.plan_cost import COST_KEYS, CostSpec, monthly_cost, parse_cost
 from experiments.plan_day import DAY_KEYS, DaySpec, day_traffic, parse_day
-from experiments.plan_store import capacity_of, summary
+from experiments.plan_store import capacity_of, ladder_of, summary
 from experiments.sweep import Variant, check_distinct, default_sweep_path, parse_variant
 from models.catalog import GPUS, get_gpu
 from models.engines import get_profile, resolve
@@ -608,7 +608,8 @@ def builtin_strategies() -> dict[str, Strategy]:
 def _check_reachable(name: str, base: Scenario, strategies: list[Strategy], gpus: tuple[str, ...],
                      prices: dict[str, float], rate: float, max_gpus: int,
                      not_applicable: dict[tuple[str, str], str] | None = None, points: str | None = None) -> None:
-    """Refuse a traffic no allowed rack can carry for any strategy (by measured capacity)."""
+    """Refuse a traffic no allowed rack can carry for any strategy (by measured capacity, or the
+    closed-loop peak where the throughput collapses: an upper bound)."""
     best = 0.0
     for g in gpus:
         for s in strategies:
@@ -618,7 +619,7 @@ def _check_reachable(name: str, base: Scenario, strategies: list[Strategy], gpus
             per = gpus_per_replica(one)
             if per > max_gpus:
                 continue
-            best = max(best, capacity_of(one, points, speculative=True).rps * (max_gpus // per))
+            best = max(best, ladder_of(one, points, speculative=True).rps * (max_gpus // per))  # (an upper bound)
     if rate > best:
         raise ConfigError(f"{name}: traffic {rate:.1f} req/s exceeds what {max_gpus} GPUs can serve with any strategy "
                           f"(at most {best:.1f} req/s at saturation); raise search.max_gpus or lower traffic.rate_rps")
@@ -947,13 +948,24 @@ def grid(spec: PlanSpec, s: Strategy, gpu: str, rate: float) -> list[dict[str, i
     return out
 
 
+def _lower_bound(spec: PlanSpec, one: Scenario, gpu: str, per: int, cap: float, rate: float,
+                 extra: int) -> tuple[int, float]:
+    """(replicas, serving + power $/month) of the cheapest rack a configuration of capacity (or
+    capacity bound) `cap` per replica could pass with."""
+    _, bound = replica_bounds(spec, cap, rate)
+    lb = bound + extra
+    price = one.rack.usd_per_gpu_hour if one.rack.usd_per_gpu_hour is not None else get_gpu(gpu).usd_per_gpu_hour
+    lb_cost = monthly_cost(spec.cost, gpu, price, lb, per, spec.search.gpus_per_node, 0.0)
+    return lb, float(lb_cost["serving_usd_per_month"]) + float(lb_cost["power_usd_per_month"])
+
+
 def search_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, prune: bool = True) -> dict[str, Any]:
     """The cheapest passing configuration of a strategy on a GPU type, and every configuration
     tried (see the module docstring): {"row": ..., "configs": [...]}."""
     rules = spec.search
     extra = 1 if rules.redundancy == "n+1" else 0
     configs: list[dict[str, Any]] = []
-    cands: list[tuple[float, int, int, Strategy, float | None, dict[str, Any]]] = []
+    cands: list[tuple[float, int, int, Strategy, Scenario, Capacity, dict[str, Any]]] = []
     # capacities are cached per process; the plan's own configurations were measured when it was
     # loaded (_check_reachable), and forked workers inherit them
     for cfg in grid(spec, s, gpu, rate):
@@ -970,28 +982,39 @@ def search_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, prune: bool =
             configs.append({**base_row, "status": "not applicable",
                             "reason": f"a replica of {per} GPUs straddles nodes of {rules.gpus_per_node}"})
             continue
-        cap = capacity_of(one, spec.points, speculative=True).rps
-        _, bound = replica_bounds(spec, cap, rate)
-        lb = bound + extra
-        lb_cost = monthly_cost(spec.cost, gpu, one.rack.usd_per_gpu_hour if one.rack.usd_per_gpu_hour is not None
-                               else get_gpu(gpu).usd_per_gpu_hour, lb, per, rules.gpus_per_node, 0.0)
-        lb_usd = float(lb_cost["serving_usd_per_month"]) + float(lb_cost["power_usd_per_month"])
-        base_row.update(gpus_per_replica=per, capacity_per_replica_rps=cap, lower_bound_replicas=lb,
-                        lower_bound_usd_per_month=lb_usd)
+        lad = ladder_of(one, spec.points, speculative=True)  # the capacity, or an upper bound on it (a collapse)
+        lb, lb_usd = _lower_bound(spec, one, gpu, per, lad.rps, rate, extra)
+        base_row.update(gpus_per_replica=per, lower_bound_replicas=lb, lower_bound_usd_per_month=lb_usd,
+                        **({"capacity_bound_rps": lad.rps} if lad.upper_bound else {"capacity_per_replica_rps": lad.rps}))
         if lb * per > spec.max_gpus:
-            configs.append({**base_row, "status": "pruned", "reason": f"needs >= {lb} replicas x {cap:.2f} req/s = "
+            configs.append({**base_row, "status": "pruned", "reason": f"needs >= {lb} replicas x {lad.rps:.2f} req/s"
+                            f"{' (its closed-loop peak, an upper bound on its capacity)' if lad.upper_bound else ''} = "
                             f"{lb * per} GPUs > max_gpus {spec.max_gpus} to reach {rate:.2f} req/s"})
             continue
-        cands.append((lb_usd, per, len(cands), sc_s, cap, base_row))
+        cands.append((lb_usd, per, len(cands), sc_s, one, lad, base_row))
     cands.sort(key=lambda c: c[:3])
     best: dict[str, Any] | None = None
-    for lb_usd, _, _, sc_s, cap_or_none, base_row in cands:
+    for lb_usd, per, _, sc_s, one, lad, base_row in cands:
         best_usd = (best["serving_usd_per_month"] + best["power_usd_per_month"]) if best else math.inf
         if prune and lb_usd > best_usd:
             configs.append({**base_row, "status": "pruned", "reason": f"its cheapest possible rack costs "
-                            f"${lb_usd:,.0f}/month > the best passing rack's ${best_usd:,.0f}"})
+                            f"${lb_usd:,.0f}/month > the best passing rack's ${best_usd:,.0f}"
+                            + (" (at its closed-loop peak, an upper bound on its capacity)" if lad.upper_bound else "")})
             continue
-        row = plan_row(spec, sc_s, gpu, rate, cap_rps=cap_or_none)
+        cap = lad.rps
+        if lad.upper_bound:  # the capacity itself (the full-load throughput): the bounds tighten
+            cap = capacity_of(one, spec.points, speculative=True).rps
+            lb, lb_usd = _lower_bound(spec, one, gpu, per, cap, rate, extra)
+            base_row.update(capacity_per_replica_rps=cap, lower_bound_replicas=lb, lower_bound_usd_per_month=lb_usd)
+            if lb * per > spec.max_gpus:
+                configs.append({**base_row, "status": "pruned", "reason": f"needs >= {lb} replicas x {cap:.2f} req/s = "
+                                f"{lb * per} GPUs > max_gpus {spec.max_gpus} to reach {rate:.2f} req/s"})
+                continue
+            if prune and lb_usd > best_usd:
+                configs.append({**base_row, "status": "pruned", "reason": f"its cheapest possible rack costs "
+                                f"${lb_usd:,.0f}/month > the best passing rack's ${best_usd:,.0f}"})
+                continue
+        row = plan_row(spec, sc_s, gpu, rate, cap_rps=cap)
         ok = bool(row["feasible"])
         configs.append({**base_row, **row, "status": "passes" if ok else "fails"})
         if ok and (best is None or _cost_key(row) < _cost_key(best)):
@@ -1099,13 +1122,14 @@ def headroom(spec: PlanSpec, s: Strategy, gpu: str, row: dict[str, Any]) -> dict
     return {"headroom_rps": lo, "headroom_fail_rps": hi, "headroom_share": lo / rate - 1.0, "headroom_evaluations": runs}
 
 
-def _capacity_task(one: Scenario, points: str | None) -> tuple[str, Capacity]:
-    return capacity_key(one, speculative=True), capacity_of(one, points, speculative=True)
+def _ladder_task(one: Scenario, points: str | None) -> tuple[str, Capacity]:
+    return capacity_key(one, speculative=True), ladder_of(one, points, speculative=True)
 
 
 def measure_capacities(spec: PlanSpec, jobs: int | None = None, label: str = "") -> None:
-    """Every searched configuration's capacity per replica (what `search_row` prunes with), each
-    deployment once, all measured in parallel before the search (a strategy's search then finds
+    """Every searched configuration's capacity ladder per replica (`sim.capacity.ladder`: the
+    capacity, or where the throughput collapses its peak, an upper bound on it; what `search_row`
+    prunes with first), each deployment once, all measured in parallel before the search (a strategy's search then finds
     them: in OUT/points, or in this process's cache, which the search's workers inherit), so one
     strategy's many configurations do not keep a single worker busy while the others idle."""
     todo: dict[str, Scenario] = {}
@@ -1122,8 +1146,8 @@ def measure_capacities(spec: PlanSpec, jobs: int | None = None, label: str = "")
                 todo.setdefault(capacity_key(one, speculative=True), one)
     # the longest first (speculation measures more populations; fewer GPUs a replica, more steps a second)
     order = sorted(todo.values(), key=lambda sc: (sc.speculative is None, gpus_per_replica(sc)))
-    for key, cap in _map(_capacity_task, [(one, spec.points) for one in order], jobs, label):
-        remember(key, cap)
+    for key, cap in _map(_ladder_task, [(one, spec.points) for one in order], jobs, label):
+        remember(key, cap, is_ladder=True)
 
 
 def run_search(spec: PlanSpec, jobs: int | None = None, prune: bool = True,

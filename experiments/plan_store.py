@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from experiments.sweep import _write_atomic
-from sim.capacity import Capacity, capacity, remember
+from sim.capacity import Capacity, capacity, ladder, remember
 from sim.capacity import capacity_key as _capacity_key
 from sim.scenario import Scenario
 from sim.simulate import simulate
 
 SUMMARY_PREFIX = "run-"
 CAPACITY_PREFIX = "capacity-"
+LADDER_PREFIX = "ladder-"  # a capacity ladder whose collapse is not refined yet (an upper bound)
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -49,24 +50,54 @@ def summary(sc: Scenario, seed: int, points: str | None) -> dict[str, Any]:
     return json.loads(json.dumps(sm, default=float))  # the same values a resumed run reads back
 
 
+def _kept(path: Path, key: str) -> Capacity | None:
+    d = _read(path)
+    if d is None or d.get("key") != key:
+        return None
+    try:
+        return Capacity(**{**d["capacity"], "curve": tuple(tuple(r) for r in d["capacity"]["curve"])})
+    except (KeyError, TypeError):
+        return None
+
+
+def _keep(path: Path, key: str, cap: Capacity) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(path, json.dumps({"key": key, "capacity": dataclasses.asdict(cap)}, default=float))
+
+
+def _path(points: str, prefix: str, key: str) -> Path:
+    return Path(points) / f"{prefix}{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
+
+def ladder_of(sc: Scenario, points: str | None, *, speculative: bool = False) -> Capacity:
+    """`sim.capacity.ladder` (the capacity, or where the throughput collapses an upper bound on
+    it), kept in OUT/points across runs of the plan (a measured capacity is used when kept)."""
+    if points is None:
+        return ladder(sc, speculative=speculative)
+    key = _capacity_key(sc, speculative=speculative)
+    for prefix, is_ladder in ((CAPACITY_PREFIX, False), (LADDER_PREFIX, True)):
+        cap = _kept(_path(points, prefix, key), key)
+        if cap is not None:
+            remember(key, cap, is_ladder=is_ladder)
+            return cap
+    lad = ladder(sc, speculative=speculative)
+    _keep(_path(points, LADDER_PREFIX if lad.upper_bound else CAPACITY_PREFIX, key), key, lad)
+    return lad
+
+
 def capacity_of(sc: Scenario, points: str | None, *, speculative: bool = False) -> Capacity:
     """`sim.capacity` (cached per process), kept in OUT/points across runs of the plan."""
     if points is None:
         return capacity(sc, speculative=speculative)
     key = _capacity_key(sc, speculative=speculative)
-    path = Path(points) / f"{CAPACITY_PREFIX}{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
-    d = _read(path)
-    if d is not None and d.get("key") == key:
-        try:
-            cap = Capacity(**{**d["capacity"], "curve": tuple(tuple(r) for r in d["capacity"]["curve"])})
-        except (KeyError, TypeError):
-            cap = None
-        if cap is not None:
-            remember(key, cap)
-            return cap
+    path = _path(points, CAPACITY_PREFIX, key)
+    cap = _kept(path, key)
+    if cap is not None:
+        remember(key, cap)
+        return cap
+    ladder_of(sc, points, speculative=speculative)  # its ladder from OUT/points, when kept
     cap = capacity(sc, speculative=speculative)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, json.dumps({"key": key, "capacity": dataclasses.asdict(cap)}, default=float))
+    _keep(path, key, cap)
     return cap
 
 
@@ -74,7 +105,7 @@ def count(points: str | None) -> int:
     """Finished simulations and capacity measurements kept in OUT/points."""
     if points is None or not Path(points).is_dir():
         return 0
-    return sum(1 for p in Path(points).glob("*.json") if p.name.startswith((SUMMARY_PREFIX, CAPACITY_PREFIX)))
+    return sum(1 for p in Path(points).glob("*.json") if p.name.startswith((SUMMARY_PREFIX, CAPACITY_PREFIX, LADDER_PREFIX)))
 
 
 def clean(points: str | None) -> None:

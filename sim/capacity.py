@@ -32,6 +32,7 @@ deployment sustains whatever the bursts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 
@@ -74,6 +75,11 @@ class Capacity:
     curve: tuple[tuple[float, float, float, float], ...] = field(default=())
     kv_sequences: int = 0  # sequences of the mix's mean length the rack's paged KV holds (all replicas)
     slots: int = 0  # the rack's batch slots (replicas x max_num_seqs)
+
+    @property
+    def upper_bound(self) -> bool:
+        """A ladder whose collapse is not refined yet: `rps` is the peak, above the capacity."""
+        return self.collapse and self.rps > self.full_batch_rps
 
     def as_dict(self, prefix: str = "", *, curve: bool = True) -> dict[str, object]:
         """Flat figures for summary.json and tables (`capacity_rps`, `full_batch_rps`, ...), each
@@ -159,8 +165,11 @@ def one_replica(sc: Scenario) -> tuple[Scenario, int]:
     return sc.with_overrides(over), sc.rack.num_gpus // per
 
 
-def measure_capacity(sc: Scenario, seed: int) -> Capacity:
-    """The capacity of the scenario's deployment as given (see the module docstring).
+def measure_ladder(sc: Scenario, seed: int) -> Capacity:
+    """The closed-loop curve of the scenario's deployment as given, and what it says before a
+    collapse's full-load figure is measured over the longer window: without a collapse that is
+    the capacity (`refine` returns it as it is); with one, `rps` is the peak, an upper bound on
+    the capacity (a planner prunes with it: `ladder`).
 
     Measured on one replica and multiplied by the replica count: at saturation the router keeps
     every replica's batch full, and below it least-outstanding routing splits the population
@@ -178,23 +187,39 @@ def measure_capacity(sc: Scenario, seed: int) -> Capacity:
     full = curve[-1]
     peak = max(curve, key=lambda r: r[1])
     collapse = peak[1] > full[1] * (1.0 + COLLAPSE_TOL)
-    cap_rps, cap_tok = peak[1], peak[2]
-    method = "closed-loop full batch" if peak is full else "closed-loop peak"
-    if collapse:  # above the full-load throughput a burst tips the rack into a regime it never leaves
-        # the capacity is now the full-load figure: measured over a window COLLAPSE_WINDOW x as long
-        # (preemption thrash is noisy, and its first thousands of completions run a little fast)
-        n_full = round(FULL_LOAD * rt.max_num_seqs)
-        rps, tok_s, batch = closed_loop_throughput(one, n_full, seed, COLLAPSE_WINDOW * MEASURED_COMPLETIONS, rt=rt)
-        full = (float(n_full * reps), rps * reps, tok_s * reps, batch)
-        curve[-1] = full
-        cap_rps, cap_tok = full[1], full[2]
-        method = "closed-loop full load (collapse: the peak is metastable)"
-    return Capacity(rps=cap_rps, tok_s=cap_tok, full_batch_rps=full[1], full_batch_tok_s=full[2], peak_rps=peak[1],
+    method = ("closed-loop peak: an upper bound (the collapse's full-load figure not measured yet)" if collapse
+              else "closed-loop full batch" if peak is full else "closed-loop peak")
+    return Capacity(rps=peak[1], tok_s=peak[2], full_batch_rps=full[1], full_batch_tok_s=full[2], peak_rps=peak[1],
                     peak_concurrency=int(peak[0]), collapse=collapse, method=method, curve=tuple(curve),
                     kv_sequences=kv * reps, slots=rt.max_num_seqs * reps)
 
 
+def refine(sc: Scenario, seed: int, lad: Capacity) -> Capacity:
+    """The capacity from the deployment's ladder (`measure_ladder`): the ladder itself without a
+    collapse; with one, the full-load throughput measured over COLLAPSE_WINDOW x the completions
+    (preemption thrash is noisy, and its first thousands of completions run a little fast):
+    above it a burst tips the rack into a regime it never leaves."""
+    if not lad.collapse:
+        return lad
+    one, reps = one_replica(sc)
+    rt = build_runtime(one)
+    n_full = round(FULL_LOAD * rt.max_num_seqs)
+    rps, tok_s, batch = closed_loop_throughput(one, n_full, seed, COLLAPSE_WINDOW * MEASURED_COMPLETIONS, rt=rt)
+    full = (float(n_full * reps), rps * reps, tok_s * reps, batch)
+    curve = (*lad.curve[:-1], full)
+    peak = max(curve, key=lambda r: r[1])
+    return dataclasses.replace(lad, rps=full[1], tok_s=full[2], full_batch_rps=full[1], full_batch_tok_s=full[2],
+                               peak_rps=peak[1], peak_concurrency=int(peak[0]), curve=curve,
+                               method="closed-loop full load (collapse: the peak is metastable)")
+
+
+def measure_capacity(sc: Scenario, seed: int) -> Capacity:
+    """The capacity of the scenario's deployment as given (see the module docstring)."""
+    return refine(sc, seed, measure_ladder(sc, seed))
+
+
 _CAPACITY_CACHE: dict[str, Capacity] = {}  # per process; a pure function of its key
+_LADDER_CACHE: dict[str, Capacity] = {}  # ladders whose collapse is not refined yet
 
 
 def capacity_key(sc: Scenario, *, speculative: bool = False) -> str:
@@ -207,17 +232,34 @@ def capacity_key(sc: Scenario, *, speculative: bool = False) -> str:
                        "method": METHOD_VERSION}, sort_keys=True)
 
 
+def ladder(sc: Scenario, *, speculative: bool = False) -> Capacity:
+    """`measure_ladder` of the deployment (speculation off unless `speculative`): the capacity
+    where the throughput does not collapse, else an upper bound on it (the peak). Cached per
+    process by `capacity_key`."""
+    key = capacity_key(sc, speculative=speculative)
+    if key in _CAPACITY_CACHE:
+        return _CAPACITY_CACHE[key]
+    if key not in _LADDER_CACHE:
+        base = sc if speculative else baseline_of(sc)
+        _LADDER_CACHE[key] = measure_ladder(base, base.seed)
+    return _LADDER_CACHE[key]
+
+
 def capacity(sc: Scenario, *, speculative: bool = False) -> Capacity:
     """Capacity of the scenario's deployment with speculation off (the reference that
     `utilisation` is relative to), or as given with `speculative=True`. Cached per process by
-    `capacity_key`."""
+    `capacity_key` (its ladder too)."""
     key = capacity_key(sc, speculative=speculative)
     if key not in _CAPACITY_CACHE:
         base = sc if speculative else baseline_of(sc)
-        _CAPACITY_CACHE[key] = measure_capacity(base, base.seed)
+        _CAPACITY_CACHE[key] = refine(base, base.seed, ladder(sc, speculative=speculative))
     return _CAPACITY_CACHE[key]
 
 
-def remember(key: str, cap: Capacity) -> None:
-    """Keep a capacity measured elsewhere (a worker process) in this process's cache."""
-    _CAPACITY_CACHE[key] = cap
+def remember(key: str, cap: Capacity, *, is_ladder: bool = False) -> None:
+    """Keep a capacity (or, `is_ladder`, a ladder whose collapse is not yet refined) measured
+    elsewhere (a worker process) in this process's cache."""
+    if is_ladder and cap.upper_bound:
+        _LADDER_CACHE[key] = cap
+    else:
+        _CAPACITY_CACHE[key] = cap

@@ -92,6 +92,40 @@ def test_pruning_keeps_the_exhaustive_answer(h200: PlanSpec, searched: tuple[pd.
         assert hit.status != "passes" or hit.total_usd_per_month >= pruned.total_usd_per_month.iloc[0]
 
 
+def test_an_upper_bound_prunes_before_the_capacity_is_measured(h200: PlanSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a configuration's throughput collapses at full load, its closed-loop peak (an upper
+    bound on its capacity) prunes first: a configuration the bound prunes is never measured
+    further; one it does not prune gets its capacity measured and is pruned or simulated on that.
+    Here TP8's ladder is made to report a collapse with the real capacity as its peak: pruned on
+    the bound alone (one replica, 8 GPUs, costs more than 3 x TP2), and the answer is unchanged."""
+    import experiments.plan as plan_mod
+    from sim.capacity import Capacity
+
+    real_ladder, real_cap = plan_mod.ladder_of, plan_mod.capacity_of
+    measured: list[int] = []
+
+    def ladder_of(one, points, speculative=False):  # type: ignore[no-untyped-def]
+        lad = real_ladder(one, points, speculative=speculative)
+        if one.deployment.tensor_parallel == 8:  # a collapse: the peak bounds the capacity from above
+            return Capacity(rps=lad.rps, tok_s=lad.tok_s, full_batch_rps=0.5 * lad.rps, full_batch_tok_s=0.5 * lad.tok_s,
+                            peak_rps=lad.rps, peak_concurrency=64, collapse=True, curve=lad.curve)
+        return lad
+
+    def capacity_of(one, points, speculative=False):  # type: ignore[no-untyped-def]
+        measured.append(one.deployment.tensor_parallel)
+        return real_cap(one, points, speculative=speculative)
+
+    monkeypatch.setattr(plan_mod, "ladder_of", ladder_of)
+    monkeypatch.setattr(plan_mod, "capacity_of", capacity_of)
+    found = plan_mod.search_row(h200, h200.strategies[0], "h200", H200_RATE)
+    configs = pd.DataFrame(found["configs"])
+    tp8 = configs[configs.tp == 8].iloc[0]
+    assert tp8.status == "pruned" and "upper bound" in tp8.reason and tp8.capacity_bound_rps > 0
+    assert 8 not in measured
+    row = found["row"]
+    assert bool(row["feasible"]) and int(row["tp"]) == 2 and int(row["gpus"]) == 6
+
+
 def test_pareto_frontier() -> None:
     df = pd.DataFrame({"status": ["passes", "passes", "passes", "fails"], "total_usd_per_month": [10.0, 20.0, 20.0, 1.0],
                        "capacity_rps": [5.0, 4.0, 9.0, 100.0]})

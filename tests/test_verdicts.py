@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import sim.capacity as cap_mod
 from models.errors import ConfigError
-from sim.capacity import closed_loop_throughput, measure_capacity
+from sim.capacity import closed_loop_throughput, ladder, measure_capacity
 from sim.deployment import build_runtime
 from sim.scenario import load_scenario
 from sim.simulate import capacity, run_table, simulate
@@ -71,7 +72,7 @@ def test_collapse_is_reported_where_speculation_fills_the_batch() -> None:
     assert above["verdict"] == "overloaded"
 
 
-def test_capacity_where_the_kv_cache_runs_out_agrees_with_long_runs() -> None:
+def test_capacity_where_the_kv_cache_runs_out_agrees_with_long_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Llama-3.1-70B on two H100s (TP2) keeps ~29k tokens of KV: 18 sequences of the default
     mix's mean length, against 256 batch slots. The closed-loop curve is taken over what the KV
     holds (9, 14, 18 clients) and at full load (320): it peaks near 14 (1.51 req/s) and falls to
@@ -81,7 +82,13 @@ def test_capacity_where_the_kv_cache_runs_out_agrees_with_long_runs() -> None:
     (seed 2) was overloaded. Now 0.97x is stable and 1.07x overloaded, on two seeds."""
     sc = load_scenario(MIX, {"rack.num_gpus": 2, "deployment.tensor_parallel": 2,
                              "deployment.max_num_batched_tokens": 2048})
-    cap = capacity(sc)
+    lad = ladder(sc)  # the curve alone: its peak, an upper bound, for a planner to prune with
+    assert lad.upper_bound and lad.rps == lad.peak_rps
+    windows = []
+    real = cap_mod.closed_loop_throughput
+    monkeypatch.setattr(cap_mod, "closed_loop_throughput", lambda *a, **k: windows.append(a[1]) or real(*a, **k))
+    cap = capacity(sc)  # the ladder kept, only the full-load window measured (4x as long)
+    assert windows == [320] and not cap.upper_bound and cap.rps < lad.rps
     assert cap.kv_sequences < 64 < cap.slots
     assert cap.collapse and cap.peak_concurrency <= cap.kv_sequences and cap.rps == cap.full_batch_rps
     assert cap.peak_rps > 1.3 * cap.rps
