@@ -217,3 +217,14 @@ def test_planner_slo_verdict_agrees_with_long_runs() -> None:
         assert below["slo_met"], (lo, below["verdict_reason"], below["slo"])
         above = long_run(1.03 * hi, seed)
         assert not above["slo_met"], (hi, above["slo"])
+
+
+def test_a_collapse_is_explained_by_its_cause() -> None:
+    """The report and `specrack capacity` say why throughput collapses: the KV holding fewer
+    sequences than the slots (preemption), or else speculation's overhead growing with the batch."""
+    from experiments.report import collapse_cause
+
+    kv = {"collapse": True, "kv_sequences": 18, "batch_slots": 256}
+    assert "18 sequences" in collapse_cause(kv) and "preempted" in collapse_cause(kv)
+    assert "speculation" in collapse_cause({**kv, "kv_sequences": 600})
+    assert "speculation" in collapse_cause({"collapse": True})  # a sweep row from before kv_sequences
