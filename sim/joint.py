@@ -69,7 +69,7 @@ class Piece:
     start_s: float
     end_s: float
     steps: int
-    rows: list[list[float]]
+    rows: list[tuple[float, ...]]
     admitted: list[tuple[int, float]]
     first: list[tuple[int, float]]
     done: list[tuple[int, float, int, int, int, int]]
@@ -135,7 +135,7 @@ class Cursor:
         """Start a new piece at t."""
         self.p_start = self.t
         self.p_steps = 0
-        self.rows: list[list[float]] = []
+        self.rows: list[tuple[float, ...]] = []  # tuples: untracked by the cyclic GC once seen
         self.admitted: list[tuple[int, float]] = []
         self.first: list[tuple[int, float]] = []
         self.done: list[tuple[int, float, int, int, int, int]] = []
@@ -415,9 +415,9 @@ class Cursor:
         self._min_left = None
         self._finish(end)
         n_pre = len(parts) + len(adm)
-        self.rows.append([self.idx, t, total, n_dec + n_pre, n_dec, pre_tokens, n_dec * qv, emitted, k,
+        self.rows.append((self.idx, t, total, n_dec + n_pre, n_dec, pre_tokens, n_dec * qv, emitted, k,
                           self.num_blocks - self.free, self._waiting_at(end), flops, nbytes, target, draft, over,
-                          total if n_dec else 0.0, 1, 0.0])
+                          total if n_dec else 0.0, 1, 0.0))
         self.p_steps += 1
         self.t = end
         return DONE
@@ -591,8 +591,8 @@ class Cursor:
         self._min_left = None
         if left:
             self._leave(left, end)
-        self.rows.append([self.idx, t, total, n, n, 0.0, n * qv, emitted, k, self.num_blocks - self.free,
-                          self._waiting_at(end), cost[4], cost[5], cost[1], cost[2], cost[3], total, 1, 0.0])
+        self.rows.append((self.idx, t, total, n, n, 0.0, n * qv, emitted, k, self.num_blocks - self.free,
+                          self._waiting_at(end), cost[4], cost[5], cost[1], cost[2], cost[3], total, 1, 0.0))
         self.p_steps += 1
         self.t = end
         return DONE
@@ -755,12 +755,12 @@ class PlainCursor(Cursor):
         used = self.num_blocks - self.free
         if end >= arrive:  # a request arrives during its last step: that step's row apart
             if k > 1:
-                self.rows.append(list(rep._run_row(t, k - 1, d0, slope, n, ctx0, used0 + but_last,
-                                                   self._waiting_at(t + (x1 + y1)))))
-            self.rows.append(list(rep._run_row(t + (x1 + y1), 1, d0 + (k - 1) * slope, 0.0, n, ctx0 + (k - 1) * n,
-                                               used, self._waiting_at(end))))
+                self.rows.append(rep._run_row(t, k - 1, d0, slope, n, ctx0, used0 + but_last,
+                                                   self._waiting_at(t + (x1 + y1))))
+            self.rows.append(rep._run_row(t + (x1 + y1), 1, d0 + (k - 1) * slope, 0.0, n, ctx0 + (k - 1) * n,
+                                               used, self._waiting_at(end)))
         else:
-            self.rows.append(list(rep._run_row(t, k, d0, slope, n, ctx0, used, self._waiting_at(end))))
+            self.rows.append(rep._run_row(t, k, d0, slope, n, ctx0, used, self._waiting_at(end)))
         self.p_steps += k
         self.t = end
         return DONE
