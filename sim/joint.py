@@ -94,6 +94,9 @@ class Cursor:
         self.rep, self.rt, self.reqs = rep, rep.rt, rep.reqs
         rt, reqs = self.rt, self.reqs
         self.spec = rt.spec
+        if self.spec is not None:  # per step: k under the fixed policy (-1: chosen each step), q_v by k
+            self._k_fixed = self.spec.k if self.spec.policy == "fixed" else -1
+            self._qv = [1] + [self.spec.verify_tokens(j) for j in range(1, self.spec.k + 1)]
         n = rep.n_running
         self.C: list[int] = rep.computed[:n].tolist()
         self.R: list[int] = (rep.out[:n] - rep.gen[:n]).tolist()
@@ -529,25 +532,21 @@ class Cursor:
         reservation it is not summed.)"""
         act = self.active
         n = len(act)
+        t = self.t
         peek = self._peek
-        if peek is not None and peek[0] == self.t and len(peek[1]) == 3:
+        if peek is not None and peek[0] == t and len(peek[1]) == 3:
             k, qv, cost = peek[1]
         else:
-            k = self._k(n, act)
-            spec = self.spec
-            assert spec is not None
-            qv = spec.verify_tokens(k) if k else 1
+            k = self._k_fixed if self._k_fixed >= 0 else self._k(n, act)
+            qv = self._qv[k]
             if self.free < n * (qv // B + 1) and self._reserve(k, act)[1] > self.free:
                 return HARD  # it would preempt
             cost = self.rep._spec_step(n, float(self.ctx), k)
-            self._peek = (self.t, (k, qv, cost))
         total = cost[0]
-        t = self.t
         end = t + total
-        if end >= end_bound:
-            return HARD
-        if end >= a:
-            return WAIT
+        if end >= end_bound or end >= a:  # the step is the ordinary one's, or waits for the arrival at a
+            self._peek = (t, (k, qv, cost))
+            return HARD if end >= end_bound else WAIT
         self._peek = None
         C, R = self.C, self.R
         left: list[int] = []
@@ -592,7 +591,8 @@ class Cursor:
         if left:
             self._leave(left, end)
         self.rows.append((self.idx, t, total, n, n, 0.0, n * qv, emitted, k, self.num_blocks - self.free,
-                          self._waiting_at(end), cost[4], cost[5], cost[1], cost[2], cost[3], total, 1, 0.0))
+                          self._waiting_at(end) if self.pending else 0, cost[4], cost[5], cost[1], cost[2], cost[3],
+                          total, 1, 0.0))
         self.p_steps += 1
         self.t = end
         return DONE
