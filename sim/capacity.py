@@ -13,7 +13,7 @@ Two things can make X(N) *fall* past a moderate population, the **collapse**:
 - **The paged KV runs out.** When the KV cache holds fewer sequences of the mix's mean length than
   the engine has slots (a 70B model on two H100s holds ~18), the batch the scheduler admits at
   full load outgrows the cache: sequences are preempted and recomputed every few steps, and X
-  at full load is far below X at the population the cache holds (1.04 vs 1.42 req/s there). The
+  at full load is far below X at the population the cache holds (1.02 vs 1.51 req/s there). The
   ladder of populations is therefore taken over the sequences the cache holds, not the slots,
   when those are fewer: a ladder over the slots alone would only ever see the thrash.
 - **Speculation's overhead grows with the batch**: the machinery's overhead is a fraction of the
