@@ -106,7 +106,6 @@ class Cursor:
             self.NX: list[int] = (reqs.lead_off[rep.rid[:n]] + rep.n_verify[:n]).tolist()
             self.PROP: list[int] = rep.n_prop[:n].tolist()
             self.ACC: list[int] = rep.n_acc[:n].tolist()
-            self.VER: list[int] = rep.n_verify[:n].tolist()
             self.VEM: list[int] = rep.n_vemit[:n].tolist()
         self.active = list(range(n))
         self.partials = [e for e in range(n) if self.C[e] < self.TGT[e]]
@@ -171,7 +170,7 @@ class Cursor:
         rid, c, r, tgt = self._entries()
         state = (rid, c, r, tgt,
                  [self.PROP[e] for e in act] if spec else [], [self.ACC[e] for e in act] if spec else [],
-                 [self.VER[e] for e in act] if spec else [], [self.VEM[e] for e in act] if spec else [])
+                 [self._verified(e) for e in act] if spec else [], [self.VEM[e] for e in act] if spec else [])
         end = self.t if self.t < math.inf else self.end_s
         piece = Piece(self.p_start, end, self.p_steps, self.rows, self.admitted, self.first, self.done, self.gone,
                       [s for _, s in self.admitted], state, self.free)
@@ -188,9 +187,14 @@ class Cursor:
     def _renumber(self, state: tuple[list[int], ...]) -> None:
         self.RID, self.C, self.R, self.TGT = state[0][:], state[1][:], state[2][:], state[3][:]
         if self.spec is not None:
-            self.PROP, self.ACC, self.VER, self.VEM = state[4][:], state[5][:], state[6][:], state[7][:]
-            self.NX = [int(self.reqs.lead_off[r]) + v for r, v in zip(self.RID, self.VER, strict=True)]
+            self.PROP, self.ACC, self.VEM = state[4][:], state[5][:], state[7][:]
+            self.NX = [int(self.reqs.lead_off[r]) + v for r, v in zip(self.RID, state[6], strict=True)]
         self.active = list(range(len(self.RID)))
+
+    def _verified(self, e: int) -> int:
+        """Entry e's verifications so far: its next outcome's index less its request's first
+        (NX advances once per verification, so the count is not kept apart)."""
+        return self.NX[e] - int(self.reqs.lead_off[self.RID[e]])
 
     def wake(self, t: float) -> None:
         """An arrival at t wakes an idle replica: its next step starts then."""
@@ -438,7 +442,6 @@ class Cursor:
             self.NX.append(int(reqs.lead_off[rid] + reqs.verify_steps[rid]))
             self.PROP.append(int(reqs.proposed[rid]))
             self.ACC.append(int(reqs.accepted[rid]))
-            self.VER.append(int(reqs.verify_steps[rid]))
             self.VEM.append(int(reqs.verify_emitted[rid]))
         self.active.append(e)
         if c < tokens:
@@ -476,7 +479,7 @@ class Cursor:
             self.ctx += len(dec)
             return len(dec)
         lead = self.reqs.lead_b
-        NX, PROP, ACC, VER, VEM = self.NX, self.PROP, self.ACC, self.VER, self.VEM
+        NX, PROP, ACC, VEM = self.NX, self.PROP, self.ACC, self.VEM
         emitted = 0
         for e in dec:
             acc = lead[NX[e]]
@@ -489,7 +492,6 @@ class Cursor:
                 x = r
             PROP[e] += k
             ACC[e] += acc
-            VER[e] += 1
             VEM[e] += x
             C[e] += x
             R[e] = r - x
@@ -515,7 +517,7 @@ class Cursor:
             self.held -= nb
             self.ctx -= C[e]
             self.done.append((rid[e], t, self.PROP[e] if spec else 0, self.ACC[e] if spec else 0,
-                              self.VER[e] if spec else 0, self.VEM[e] if spec else 0))
+                              self._verified(e) if spec else 0, self.VEM[e] if spec else 0))
         self.active = [e for e in self.active if R[e] > 0]
         self.gone.append((t, len(left)))
         self._min_left = None
@@ -554,7 +556,7 @@ class Cursor:
         emitted = 0
         if k:
             lead = self.reqs.lead_b
-            NX, PROP, ACC, VER, VEM = self.NX, self.PROP, self.ACC, self.VER, self.VEM
+            NX, PROP, ACC, VEM = self.NX, self.PROP, self.ACC, self.VEM
             for e in act:
                 acc = lead[NX[e]]
                 if acc > k:
@@ -567,7 +569,6 @@ class Cursor:
                     left.append(e)
                 PROP[e] += k
                 ACC[e] += acc
-                VER[e] += 1
                 VEM[e] += x
                 c = C[e] + x
                 C[e] = c
