@@ -959,6 +959,20 @@ def _lower_bound(spec: PlanSpec, one: Scenario, gpu: str, per: int, cap: float, 
     return lb, float(lb_cost["serving_usd_per_month"]) + float(lb_cost["power_usd_per_month"])
 
 
+def _pruned(spec: PlanSpec, lb: int, per: int, cap: float, bound: bool, rate: float, lb_usd: float,
+            best_usd: float) -> str:
+    """Why a configuration of capacity `cap` per replica (`bound`: the closed-loop peak, an upper
+    bound on it) is pruned before simulation: its lower bound of `lb` replicas exceeds max_gpus,
+    or its cheapest possible rack costs more than the best passing one so far; "" when it is not."""
+    peak = " (its closed-loop peak, an upper bound on its capacity)" if bound else ""
+    if lb * per > spec.max_gpus:
+        return (f"needs >= {lb} replicas x {cap:.2f} req/s{peak} = {lb * per} GPUs > max_gpus {spec.max_gpus} "
+                f"to reach {rate:.2f} req/s")
+    if lb_usd > best_usd:
+        return f"its cheapest possible rack costs ${lb_usd:,.0f}/month > the best passing rack's ${best_usd:,.0f}{peak}"
+    return ""
+
+
 def search_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, prune: bool = True) -> dict[str, Any]:
     """The cheapest passing configuration of a strategy on a GPU type, and every configuration
     tried (see the module docstring): {"row": ..., "configs": [...]}."""
@@ -986,34 +1000,25 @@ def search_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, prune: bool =
         lb, lb_usd = _lower_bound(spec, one, gpu, per, lad.rps, rate, extra)
         base_row.update(gpus_per_replica=per, lower_bound_replicas=lb, lower_bound_usd_per_month=lb_usd,
                         **({"capacity_bound_rps": lad.rps} if lad.upper_bound else {"capacity_per_replica_rps": lad.rps}))
-        if lb * per > spec.max_gpus:
-            configs.append({**base_row, "status": "pruned", "reason": f"needs >= {lb} replicas x {lad.rps:.2f} req/s"
-                            f"{' (its closed-loop peak, an upper bound on its capacity)' if lad.upper_bound else ''} = "
-                            f"{lb * per} GPUs > max_gpus {spec.max_gpus} to reach {rate:.2f} req/s"})
+        why = _pruned(spec, lb, per, lad.rps, lad.upper_bound, rate, lb_usd, math.inf)
+        if why:
+            configs.append({**base_row, "status": "pruned", "reason": why})
             continue
         cands.append((lb_usd, per, len(cands), sc_s, one, lad, base_row))
     cands.sort(key=lambda c: c[:3])
     best: dict[str, Any] | None = None
     for lb_usd, per, _, sc_s, one, lad, base_row in cands:
         best_usd = (best["serving_usd_per_month"] + best["power_usd_per_month"]) if best else math.inf
-        if prune and lb_usd > best_usd:
-            configs.append({**base_row, "status": "pruned", "reason": f"its cheapest possible rack costs "
-                            f"${lb_usd:,.0f}/month > the best passing rack's ${best_usd:,.0f}"
-                            + (" (at its closed-loop peak, an upper bound on its capacity)" if lad.upper_bound else "")})
-            continue
         cap = lad.rps
-        if lad.upper_bound:  # the capacity itself (the full-load throughput): the bounds tighten
+        why = _pruned(spec, lb, per, cap, lad.upper_bound, rate, lb_usd, best_usd if prune else math.inf)
+        if not why and lad.upper_bound:  # the capacity itself (the full-load throughput): the bounds tighten
             cap = capacity_of(one, spec.points, speculative=True).rps
             lb, lb_usd = _lower_bound(spec, one, gpu, per, cap, rate, extra)
             base_row.update(capacity_per_replica_rps=cap, lower_bound_replicas=lb, lower_bound_usd_per_month=lb_usd)
-            if lb * per > spec.max_gpus:
-                configs.append({**base_row, "status": "pruned", "reason": f"needs >= {lb} replicas x {cap:.2f} req/s = "
-                                f"{lb * per} GPUs > max_gpus {spec.max_gpus} to reach {rate:.2f} req/s"})
-                continue
-            if prune and lb_usd > best_usd:
-                configs.append({**base_row, "status": "pruned", "reason": f"its cheapest possible rack costs "
-                                f"${lb_usd:,.0f}/month > the best passing rack's ${best_usd:,.0f}"})
-                continue
+            why = _pruned(spec, lb, per, cap, False, rate, lb_usd, best_usd if prune else math.inf)
+        if why:
+            configs.append({**base_row, "status": "pruned", "reason": why})
+            continue
         row = plan_row(spec, sc_s, gpu, rate, cap_rps=cap)
         ok = bool(row["feasible"])
         configs.append({**base_row, **row, "status": "passes" if ok else "fails"})
