@@ -39,25 +39,26 @@ def speedups(df: pd.DataFrame, reference: str = "baseline", x: str = "utilisatio
     """Tidy table: variant, x (utilisation or concurrency), metric, mean, ci_low, ci_high, n."""
     if x not in AXES:
         raise ValueError(f"speedups: x must be one of {AXES}, got {x!r}")
-    ref = df[df.variant == reference].set_index([x, "seed"])
+    ms = [m for m in SPEEDUP_METRICS if m in df]
+    cols = ["variant", x, "seed", *ms]
+    ref = df.loc[df.variant == reference, cols[1:]]
+    # each row beside the reference's row at the same load point and seed (one merge, not a lookup per group)
+    paired = df[cols].merge(ref, on=[x, "seed"], how="inner", suffixes=("", "@ref"))
+    t975: dict[int, float] = {}
     rows = []
-    for (variant, u), g in df.groupby(["variant", x], sort=False):
-        g = g.set_index([x, "seed"])
-        common = g.index.intersection(ref.index)
-        if common.empty:
-            continue
-        for m in SPEEDUP_METRICS:
-            if m not in g:
-                continue
-            a = ref.loc[common, m].to_numpy(float)
-            b = g.loc[common, m].to_numpy(float)
+    for (variant, u), g in paired.groupby(["variant", x], sort=False):
+        for m in ms:
+            a = g[f"{m}@ref"].to_numpy(float)
+            b = g[m].to_numpy(float)
             r = b / a if m in HIGHER_IS_BETTER else a / b
             r = r[np.isfinite(r)]
             if r.size == 0:
                 continue
             mean = float(r.mean())
             if r.size > 1 and r.std(ddof=1) > 0:
-                half = float(stats.t.ppf(0.975, r.size - 1) * r.std(ddof=1) / np.sqrt(r.size))
+                if r.size not in t975:
+                    t975[r.size] = float(stats.t.ppf(0.975, r.size - 1))
+                half = float(t975[r.size] * r.std(ddof=1) / np.sqrt(r.size))
             else:
                 half = 0.0
             rows.append({"variant": variant, x: u, "metric": m, "mean": mean,

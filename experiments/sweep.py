@@ -598,7 +598,8 @@ def main_sweep(a: Any) -> int:
     sp = speedups(ok, spec.reference, x=spec.axis)
     sp.to_csv(out / "speedups.csv", index=False)
     report = write_report(ok, sp, out, spec=spec, capacities=caps)
-    images = write_images(report_figures(ok, sp, spec=spec, capacities=caps), out, formats, "report")
+    images = (write_images(report_figures(ok, sp, spec=spec, capacities=caps), out, formats, "report")
+              if formats else [])
     print(f"wrote {out / 'results.parquet'}, {out / 'results.csv'}, {out / 'speedups.csv'}, {report}"
           + "".join(f", {p}" for p in images))
     spec_variants = set(ok[ok.speculative_method != "none"].variant) if "speculative_method" in ok else set()

@@ -54,8 +54,19 @@ def sample_accepted(rng: np.random.Generator, a: np.ndarray, k: int, decay: floa
         return np.zeros(a.size, dtype=np.int64)
     p = a[:, None] * (decay ** np.arange(k))[None, :]
     passed = rng.random((a.size, k)) < p
-    # the number of leading positions that pass (the index of the first failure, k when all pass)
-    return np.logical_and.accumulate(passed, axis=-1).sum(axis=-1, dtype=np.int64)
+    return leading_passes(passed).astype(np.int64)
+
+
+def leading_passes(passed: np.ndarray) -> np.ndarray:
+    """Per row of a (rows, K) boolean array, the number of leading True (the index of the first
+    False, K when all pass), as uint8: a column at a time (`np.logical_and.accumulate` along a
+    short row axis is an order of magnitude slower)."""
+    cur = passed[:, 0].copy()
+    out = cur.astype(np.uint8)
+    for i in range(1, passed.shape[1]):
+        cur &= passed[:, i]
+        out += cur
+    return out
 
 
 def acceptance_draws(rng: np.random.Generator, probs: np.ndarray, lengths: np.ndarray,
@@ -84,7 +95,7 @@ def acceptance_draws(rng: np.random.Generator, probs: np.ndarray, lengths: np.nd
         i1 = min(i1, n)
         rows = np.repeat(p[i0:i1], lengths[i0:i1], axis=0)
         passed = rng.random(rows.shape) < rows
-        out[off[i0]: off[i1]] = np.logical_and.accumulate(passed, axis=1).sum(axis=1)
+        out[off[i0]: off[i1]] = leading_passes(passed)
         i0 = i1
     return out.tobytes(), off
 

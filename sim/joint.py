@@ -235,7 +235,7 @@ class Cursor:
             if self.partials or (pend and pend[0][1] <= self.t and len(act) < self.max_seqs):
                 got = self._mixed(a, end_bound)
             elif self.spec is not None:
-                got = self._spec_step(a, end_bound)
+                got = self._spec_steps(a, end_bound)
             else:
                 got = self._segment(a, end_bound, fb)
             if got == WAIT:
@@ -526,77 +526,89 @@ class Cursor:
         """Plain decode steps in closed form: `PlainCursor`'s (a speculative cursor steps one by one)."""
         raise NotImplementedError
 
-    def _spec_step(self, a: float, end_bound: float) -> int:
-        """One speculative decode step (nothing admitted: nothing waiting has arrived, or no slot),
-        its outcomes, the rejected drafts' blocks and the completions in one pass over the batch.
-        (Held blocks after the step are ceil(context / B) whatever was reserved, so the
+    def _spec_steps(self, a: float, end_bound: float) -> int:
+        """Speculative decode steps (nothing admitted: nothing waiting has arrived, or no slot), one
+        after another for as long as `advance` would choose one again (DONE when it would not), each
+        with its outcomes, the rejected drafts' blocks and the completions in one pass over the
+        batch. (Held blocks after a step are ceil(context / B) whatever was reserved, so the
         reservation matters only for whether it fits; with room for every sequence's whole
-        reservation it is not summed.)"""
-        act = self.active
-        n = len(act)
-        t = self.t
-        peek = self._peek
-        if peek is not None and peek[0] == t and len(peek[1]) == 3:
-            k, qv, cost = peek[1]
-        else:
-            k = self._k_fixed if self._k_fixed >= 0 else self._k(n, act)
-            qv = self._qv[k]
-            if self.free < n * (qv // B + 1) and self._reserve(k, act)[1] > self.free:
-                return HARD  # it would preempt
-            cost = self.rep._spec_step(n, float(self.ctx), k)
-        total = cost[0]
-        end = t + total
-        if end >= end_bound or end >= a:  # the step is the ordinary one's, or waits for the arrival at a
-            self._peek = (t, (k, qv, cost))
-            return HARD if end >= end_bound else WAIT
-        self._peek = None
+        reservation it is not summed.) The loop keeps what every step reads in locals: a small
+        batch's step is mostly this fixed cost."""
+        spec_step = self.rep._spec_step
+        lead = self.reqs.lead_b
         C, R = self.C, self.R
-        left: list[int] = []
-        held = 0
-        emitted = 0
-        if k:
-            lead = self.reqs.lead_b
-            NX, PROP, ACC, VEM = self.NX, self.PROP, self.ACC, self.VEM
-            for e in act:
-                acc = lead[NX[e]]
-                if acc > k:
-                    acc = k
-                NX[e] += 1
-                x = acc + 1
-                r = R[e]
-                if x >= r:
-                    x = r
-                    left.append(e)
-                PROP[e] += k
-                ACC[e] += acc
-                VEM[e] += x
-                c = C[e] + x
-                C[e] = c
-                R[e] = r - x
-                held += (c + (B - 1)) // B
-                emitted += x
-        else:
-            for e in act:
-                c = C[e] + 1
-                C[e] = c
-                r = R[e] - 1
-                R[e] = r
-                if not r:
-                    left.append(e)
-                held += (c + (B - 1)) // B
-            emitted = n
-        self.free += self.held - held
-        self.held = held
-        self.ctx += emitted
-        self._min_left = None
-        if left:
-            self._leave(left, end)
-        self.rows.append((self.idx, t, total, n, n, 0.0, n * qv, emitted, k, self.num_blocks - self.free,
-                          self._waiting_at(end) if self.pending else 0, cost[4], cost[5], cost[1], cost[2], cost[3],
-                          total, 1, 0.0))
-        self.p_steps += 1
-        self.t = end
-        return DONE
+        NX, PROP, ACC, VEM = self.NX, self.PROP, self.ACC, self.VEM
+        rows = self.rows
+        k_fixed, qvs = self._k_fixed, self._qv
+        pend = self.pending
+        max_seqs, idx, num_blocks = self.max_seqs, self.idx, self.num_blocks
+        t = self.t
+        act = self.active
+        while True:
+            n = len(act)
+            peek = self._peek
+            if peek is not None and peek[0] == t and len(peek[1]) == 3:
+                k, qv, cost = peek[1]
+            else:
+                k = k_fixed if k_fixed >= 0 else self._k(n, act)
+                qv = qvs[k]
+                if self.free < n * (qv // B + 1) and self._reserve(k, act)[1] > self.free:
+                    return HARD  # it would preempt
+                cost = spec_step(n, float(self.ctx), k)
+            total = cost[0]
+            end = t + total
+            if end >= end_bound or end >= a:  # the step is the ordinary one's, or waits for the arrival at a
+                self._peek = (t, (k, qv, cost))
+                return HARD if end >= end_bound else WAIT
+            self._peek = None
+            left: list[int] = []
+            held = 0
+            emitted = 0
+            if k:
+                for e in act:
+                    acc = lead[NX[e]]
+                    if acc > k:
+                        acc = k
+                    NX[e] += 1
+                    x = acc + 1
+                    r = R[e]
+                    if x >= r:
+                        x = r
+                        left.append(e)
+                    PROP[e] += k
+                    ACC[e] += acc
+                    VEM[e] += x
+                    c = C[e] + x
+                    C[e] = c
+                    R[e] = r - x
+                    held += (c + (B - 1)) // B
+                    emitted += x
+            else:
+                for e in act:
+                    c = C[e] + 1
+                    C[e] = c
+                    r = R[e] - 1
+                    R[e] = r
+                    if not r:
+                        left.append(e)
+                    held += (c + (B - 1)) // B
+                emitted = n
+            self.free += self.held - held
+            self.held = held
+            self.ctx += emitted
+            self._min_left = None
+            if left:
+                self._leave(left, end)
+                act = self.active
+            rows.append((idx, t, total, n, n, 0.0, n * qv, emitted, k, num_blocks - self.free,
+                         self._waiting_at(end) if pend else 0, cost[4], cost[5], cost[1], cost[2], cost[3],
+                         total, 1, 0.0))
+            self.p_steps += 1
+            self.t = t = end
+            # `advance`'s choice for the next step: this one again unless the arrival at a is
+            # reached, the replica empties, or a request has arrived for a free slot
+            if t >= a or not act or (pend and pend[0][1] <= t and len(act) < max_seqs):
+                return DONE
 
 
 class PlainCursor(Cursor):

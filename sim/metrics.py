@@ -124,8 +124,10 @@ def gap_moments(steps: pd.DataFrame, shares: tuple[float, ...]) -> tuple[float, 
     out: list[float] = []
     lo = g
     hi = g + (cnt - 1.0) * s
-    o_lo = np.argsort(lo, kind="stable")
-    o_hi = np.argsort(hi, kind="stable")
+    # (unstable sorts: the weights are whole numbers of sequences, so every cumulative weight is
+    # exact and the value picked does not depend on the order of equal values)
+    o_lo = np.argsort(lo)
+    o_hi = np.argsort(hi)
     c_lo, c_hi = np.cumsum(wr[o_lo]), np.cumsum(wr[o_hi])
     for t in shares:
         x_low = lo[o_lo[_pct_hit(c_lo, total, t)]]
@@ -157,7 +159,7 @@ def gap_moments(steps: pd.DataFrame, shares: tuple[float, ...]) -> tuple[float, 
         xw = np.concatenate(wts)
         inside = (x >= x_low) & (x <= x_up)
         x, xw = x[inside], xw[inside]
-        order = np.argsort(x, kind="stable")
+        order = np.argsort(x)
         cum = below + np.cumsum(xw[order])
         out.append(float(x[order][_pct_hit(cum, total, t)]))
     return mean, float(np.sqrt(max(var, 0.0))), out
@@ -575,14 +577,18 @@ def bench_metrics(req: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:
 def _stats(name: str, x: np.ndarray, w: np.ndarray | None) -> dict[str, float]:
     """mean/median/std/p90/p99 in ms, as vLLM's `process_one_metric` names them."""
     x = np.asarray(x, dtype=np.float64) * 1e3
+    unweighted = w is None
     if w is None:
         w = np.ones_like(x)
     keep = np.isfinite(x) & (w > 0)
     x, w = x[keep], np.asarray(w, dtype=np.float64)[keep]
     if x.size == 0:
         return {f"{s}_{name}_ms": float("nan") for s in ("mean", "median", "std", "p90", "p99")}
-    order = np.argsort(x, kind="stable")
-    xs, cum = x[order], np.cumsum(w[order]) / w.sum()
+    if unweighted:  # equal weights: the sorted values are all the order is needed for
+        xs, cum = np.sort(x), np.cumsum(w) / w.sum()
+    else:
+        order = np.argsort(x, kind="stable")
+        xs, cum = x[order], np.cumsum(w[order]) / w.sum()
     mean = float((x * w).sum() / w.sum())
 
     def pct(p: float) -> float:

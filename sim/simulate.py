@@ -4,10 +4,12 @@ The engine run itself (`run_table`, open or closed loop) is in `sim.run`; capaci
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import platform
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +39,22 @@ class Result:
     """One run: the scenario and seed, the requests table (one row per request, with its latencies
     `ttft_s`, `tpot_s`, `e2e_s`), the steps table (one row per engine step), the summary and the
     intervals table (one row per `[sim] interval_s`: latencies, throughput, replicas running, load;
-    docs/METRICS.md)."""
+    docs/METRICS.md), computed when first read (a sweep point never reads it)."""
 
     scenario: Scenario
     seed: int
     requests: pd.DataFrame
     steps: pd.DataFrame
     summary: dict[str, Any]
-    intervals: pd.DataFrame | None = None  # one row per [sim] interval_s of the run (docs/METRICS.md)
+    intervals_of: Callable[[], pd.DataFrame] | None = field(default=None, repr=False, compare=False)
+    _intervals: pd.DataFrame | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def intervals(self) -> pd.DataFrame | None:
+        """One row per [sim] interval_s of the run (docs/METRICS.md, 'Intervals')."""
+        if self._intervals is None and self.intervals_of is not None:
+            self._intervals = self.intervals_of()
+        return self._intervals
 
     def table(self) -> pd.DataFrame:
         """The summary as a one-row DataFrame with the flat column names of a sweep's results
@@ -161,9 +171,9 @@ def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False, w
     s["seed"] = seed
     s["versions"] = versions()
     cap = replica_capacity(sc, rt)
-    iv = intervals(req, steps, interval_s=sc.sim.interval_s, end_s=end_s, replicas=rt.num_replicas,
-                   gpus_per_replica=rt.gpus_per_replica, timeline=req.attrs.get("fleet"),
-                   replica_capacity_rps=cap if cap is not None else float("nan"), slo=sc.slo.targets())
+    iv = functools.partial(intervals, req, steps, interval_s=sc.sim.interval_s, end_s=end_s, replicas=rt.num_replicas,
+                           gpus_per_replica=rt.gpus_per_replica, timeline=req.attrs.get("fleet"),
+                           replica_capacity_rps=cap if cap is not None else float("nan"), slo=sc.slo.targets())
     lat = request_latencies(req)  # the latencies behind the summary's percentiles, per request
     for col in LATENCY_COLUMNS:
         req[col] = lat[col].to_numpy(np.float64)
