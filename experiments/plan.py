@@ -1156,9 +1156,11 @@ def measure_capacities(spec: PlanSpec, jobs: int | None = None, label: str = "")
 
 
 def run_search(spec: PlanSpec, jobs: int | None = None, prune: bool = True,
-               label: str = "") -> tuple[pd.DataFrame, pd.DataFrame]:
+               label: str = "", with_headroom: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(the ranked planning table: one row per strategy x GPU type at the plan's traffic, its
-    cheapest passing configuration; every configuration searched, with `pareto`)."""
+    cheapest passing configuration, with the leading options' headroom unless `with_headroom` is
+    off (`run_tables` measures it beside the analyses); every configuration searched, with
+    `pareto`)."""
     measure_capacities(spec, jobs, "capacities" if label else "")
     tasks = [(spec, s, g, spec.rate_rps, prune) for g in spec.gpus for s in spec.strategies]
     found = _map(search_row, tasks, jobs, label)
@@ -1167,15 +1169,29 @@ def run_search(spec: PlanSpec, jobs: int | None = None, prune: bool = True,
         configs["cost_mode"] = spec.cost.mode
         configs["pareto"] = pareto(configs)
     ranked = rank(pd.DataFrame([f["row"] for f in found]))
-    if "feasible" in ranked and ranked.feasible.astype(bool).any():  # the headroom of the leading options' racks
-        top = ranked[ranked.feasible.astype(bool)].head(HEADROOM_TOP)
-        by_name = {x.name: x for x in spec.strategies}
-        htasks: list[tuple[Any, ...]] = [(spec, configured(by_name[r.strategy], spec.base, row_config(r)), r.gpu, r.to_dict())
-                                         for _, r in top.iterrows()]
-        for i, h in zip(top.index, _map(headroom, htasks, jobs, "headroom" if label else ""), strict=True):
-            for k, v in h.items():
-                ranked.loc[i, k] = v
+    if with_headroom:
+        htasks = headroom_tasks(spec, ranked)
+        add_headroom(ranked, _map(headroom, htasks, jobs, "headroom" if label and htasks else ""))
     return ranked, configs
+
+
+def headroom_tasks(spec: PlanSpec, ranked: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """`headroom`'s arguments for the leading HEADROOM_TOP passing options' racks."""
+    if "feasible" not in ranked or not ranked.feasible.astype(bool).any():
+        return []
+    top = ranked[ranked.feasible.astype(bool)].head(HEADROOM_TOP)
+    by_name = {x.name: x for x in spec.strategies}
+    return [(spec, configured(by_name[r.strategy], spec.base, row_config(r)), r.gpu, r.to_dict()) for _, r in top.iterrows()]
+
+
+def add_headroom(ranked: pd.DataFrame, found: list[dict[str, Any]]) -> None:
+    """`headroom`'s answers (for `headroom_tasks`, in order) into the ranked table's leading rows."""
+    if not found:
+        return
+    top = ranked[ranked.feasible.astype(bool)].head(HEADROOM_TOP)
+    for i, h in zip(top.index, found, strict=True):
+        for k, v in h.items():
+            ranked.loc[i, k] = v
 
 
 def run_plan(spec: PlanSpec, jobs: int | None = None) -> pd.DataFrame:
@@ -1201,6 +1217,12 @@ def rank(df: pd.DataFrame) -> pd.DataFrame:
 
 def capacity_curves(spec: PlanSpec, answer: pd.DataFrame, jobs: int | None = None) -> pd.DataFrame:
     """GPUs needed and monthly cost vs traffic (multiples of the plan's rate), per strategy."""
+    tasks = curve_tasks(spec, answer)
+    return curves_table(spec, _map(plan_row, tasks, jobs, "capacity curves" if spec.progress else ""))
+
+
+def curve_tasks(spec: PlanSpec, answer: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """`plan_row`'s arguments for each strategy's capacity curve."""
     tasks = []
     for g in spec.gpus:
         for s in spec.strategies:
@@ -1210,7 +1232,10 @@ def capacity_curves(spec: PlanSpec, answer: pd.DataFrame, jobs: int | None = Non
             chosen = configured(s, spec.base, row_config(hit.iloc[0])) if found else s  # the plan's configuration
             for m in spec.curve_multipliers:
                 tasks.append((spec, chosen, g, spec.rate_rps * m, max(1, round(base_rep * m))))
-    rows = _map(plan_row, tasks, jobs, "capacity curves" if spec.progress else "")
+    return tasks
+
+
+def curves_table(spec: PlanSpec, rows: list[dict[str, Any]]) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df["traffic_multiplier"] = df.rate_rps / spec.rate_rps
     return df
@@ -1255,9 +1280,15 @@ def decision_map(spec: PlanSpec, jobs: int | None = None, gpu: str | None = None
     that meets the SLO there under the plan's rack rules (found by simulation, as the plan finds
     its own, in the configuration the plan chose for the strategy), its monthly cost and whether
     it keeps the quality floor. `winners` names the cheapest per cell."""
+    tasks = map_tasks(spec, gpu, answer)
+    return pd.DataFrame(_map(_map_cell, tasks, jobs, "decision map" if spec.progress else ""))
+
+
+def map_tasks(spec: PlanSpec, gpu: str | None = None, answer: pd.DataFrame | None = None) -> list[tuple[Any, ...]]:
+    """`_map_cell`'s arguments for every cell of the decision map and strategy."""
     gpu = gpu or spec.gpus[0]
     cap = base_capacity(spec, gpu)
-    tasks = []
+    tasks: list[tuple[Any, ...]] = []
     for u in spec.map_utilisation:
         for a in spec.map_acceptance:
             for s in spec.strategies:
@@ -1265,7 +1296,7 @@ def decision_map(spec: PlanSpec, jobs: int | None = None, gpu: str | None = None
                     chosen, reps, rate0 = _chosen(spec, answer, s, gpu)
                     start = max(1, round(reps * u * cap / rate0))
                     tasks.append((spec, s.name, chosen, gpu, u, a, u * cap, start))
-    return pd.DataFrame(_map(_map_cell, tasks, jobs, "decision map" if spec.progress else ""))
+    return tasks
 
 
 def _map_cell(spec: PlanSpec, name: str, s: Strategy, gpu: str, u: float, a: float, rate: float,
@@ -1314,14 +1345,31 @@ def sensitivity(spec: PlanSpec, answer: pd.DataFrame, curves: pd.DataFrame | Non
     acceptance (the cheapest rack re-found by simulation at each of map_acceptance), traffic growth
     (the capacity curves' racks, each found by simulation) and GPU price (the planned rack repriced:
     closed form, serving cost is linear in the GPU price). One row per (strategy, factor, value)."""
-    ok = answer[answer.feasible.astype(bool) & answer.get("passes_quality_floor", True).astype(bool)].head(2)
-    rows: list[dict[str, Any]] = []
+    tasks = sensitivity_tasks(spec, answer)
+    found = _map(plan_row, tasks, jobs, "sensitivity" if spec.progress else "") if tasks else []
+    return sensitivity_table(spec, answer, found, curves)
+
+
+def _sensitivity_options(answer: pd.DataFrame) -> pd.DataFrame:
+    """The winner and the runner-up: the two cheapest passing options that keep the quality floor."""
+    return answer[answer.feasible.astype(bool) & answer.get("passes_quality_floor", True).astype(bool)].head(2)
+
+
+def sensitivity_tasks(spec: PlanSpec, answer: pd.DataFrame) -> list[tuple[Any, ...]]:
+    """`plan_row`'s arguments for the winner's and the runner-up's racks at each map_acceptance."""
     tasks = []
-    for _, r in ok.iterrows():
+    for _, r in _sensitivity_options(answer).iterrows():
         s = configured(next(x for x in spec.strategies if x.name == r.strategy), spec.base, row_config(r))
         for a in spec.map_acceptance:
             tasks.append((with_acceptance(spec, a), s, r.gpu, spec.rate_rps, int(r.replicas)))
-    found = _map(plan_row, tasks, jobs, "sensitivity" if spec.progress else "") if tasks else []
+    return tasks
+
+
+def sensitivity_table(spec: PlanSpec, answer: pd.DataFrame, found: list[dict[str, Any]],
+                      curves: pd.DataFrame | None) -> pd.DataFrame:
+    """`sensitivity`'s rows from `plan_row`'s answers to `sensitivity_tasks` (in order)."""
+    ok = _sensitivity_options(answer)
+    rows: list[dict[str, Any]] = []
     i = 0
     for _, r in ok.iterrows():
         base_row = {"strategy": r.strategy, "gpu": r.gpu}
@@ -1353,6 +1401,13 @@ def sensitivity(spec: PlanSpec, answer: pd.DataFrame, curves: pd.DataFrame | Non
 def acceptance_shift(spec: PlanSpec, jobs: int | None = None) -> pd.DataFrame:
     """Speedup of each speculative strategy on benchmark-like traffic (no tail) and on
     production-like traffic with a growing tail share, at the plan's shift utilisation."""
+    tasks = shift_tasks(spec)
+    return shift_table(_map(_shift_cell, tasks, jobs, "acceptance shift" if spec.progress else ""))
+
+
+def shift_tasks(spec: PlanSpec) -> list[tuple[Any, ...]]:
+    """`_shift_cell`'s arguments: each runnable strategy at each tail share (the first, the
+    reference, at every share)."""
     base = spec.base
     cap = capacity_of(base, spec.points)
     tail = [c for c in base.workload.classes if c.tail]
@@ -1375,8 +1430,13 @@ def acceptance_shift(spec: PlanSpec, jobs: int | None = None) -> pd.DataFrame:
             classes = [dict(head[0].model_dump(mode="json"), share=1.0 - share), dict(tail[0].model_dump(mode="json"), share=share)]
         for s in runnable:
             tasks.append((base, s, classes, cap.rps * spec.shift_utilisation, spec.seeds, share, spec.traffic, spec.points))
-    rows = pd.DataFrame(_map(_shift_cell, tasks, jobs, "acceptance shift" if spec.progress else ""))
-    ref = rows[rows.strategy == runnable[0].name].set_index("tail_share").tpot_mean_s
+    return tasks
+
+
+def shift_table(found: list[dict[str, Any]]) -> pd.DataFrame:
+    """`acceptance_shift`'s table from `_shift_cell`'s answers (the first strategy is the reference)."""
+    rows = pd.DataFrame(found)
+    ref = rows[rows.strategy == rows.strategy.iloc[0]].set_index("tail_share").tpot_mean_s
     rows["speedup"] = rows.tail_share.map(ref) / rows.tpot_mean_s
     return rows
 
@@ -1476,21 +1536,39 @@ def main_plan(a: Any) -> int:
 def run_tables(spec: PlanSpec, jobs: int | None = None, analyses: bool = True) -> dict[str, pd.DataFrame]:
     """Every table of a plan by name: plan, configs and, with the analyses, curves, map_cells,
     map, shift, retraining and sensitivity (what `specrack plan` writes as <name>.csv)."""
-    answer, configs = run_search(spec, jobs, label=f"search ({len(spec.strategies) * len(spec.gpus)} strategy x GPU)")
+    label = f"search ({len(spec.strategies) * len(spec.gpus)} strategy x GPU)"
+    answer, configs = run_search(spec, jobs, label=label, with_headroom=not analyses)
     tables = {"plan": answer, "configs": configs}
     if analyses:
-        tables["curves"] = capacity_curves(spec, answer, jobs)
-        cells = decision_map(spec, jobs, answer=answer)
+        # the headroom and every analysis in one pool, the longest tasks first: no worker idles
+        # at the end of one analysis while another's tasks wait
+        parts = {"headroom": (headroom, headroom_tasks(spec, answer)), "map": (_map_cell, map_tasks(spec, answer=answer)),
+                 "curves": (plan_row, curve_tasks(spec, answer)), "sensitivity": (plan_row, sensitivity_tasks(spec, answer)),
+                 "shift": (_shift_cell, shift_tasks(spec))}
+        flat = [(name, fn, args) for name, (fn, tasks) in parts.items() for args in tasks]
+        done = _map(_call, [(fn, args) for _, fn, args in flat], jobs,
+                    f"headroom and analyses ({len(flat)} searches and runs)" if spec.progress else "")
+        found: dict[str, list[Any]] = {name: [] for name in parts}
+        for (name, _, _), res in zip(flat, done, strict=True):
+            found[name].append(res)
+        add_headroom(answer, found["headroom"])
+        tables["curves"] = curves_table(spec, found["curves"])
+        cells = pd.DataFrame(found["map"])
         tables["map_cells"] = cells
         gpu = spec.gpus[0]
         tables["map"] = winners(cells).assign(
             plan_utilisation=spec.rate_rps / base_capacity(spec, gpu), plan_acceptance=plan_acceptance(spec.base),
             plan_rate_rps=spec.rate_rps, base_rack=f"{spec.base.rack.num_gpus}x {gpu}",
             base_capacity_rps=base_capacity(spec, gpu))
-        tables["shift"] = acceptance_shift(spec, jobs)
+        tables["shift"] = shift_table(found["shift"])
         tables["retraining"] = retraining_table(spec, answer)
-        tables["sensitivity"] = sensitivity(spec, answer, tables["curves"], jobs)
+        tables["sensitivity"] = sensitivity_table(spec, answer, found["sensitivity"], tables["curves"])
     return tables
+
+
+def _call(fn: Any, args: tuple[Any, ...]) -> Any:
+    """fn(*args), in a worker: `run_tables` maps the analyses' different functions in one pool."""
+    return fn(*args)
 
 
 def print_ranked(df: pd.DataFrame, spec: PlanSpec | None = None) -> None:

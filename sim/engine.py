@@ -475,6 +475,34 @@ class SendFeed:
                 loop.enqueue_at(rid, q)
 
 
+_EXPECTED_SUMS: dict[int, Callable[[int, list[int], list[int], list[float]], list[float]]] = {}
+
+
+def _expected_sums(k_max: int) -> Callable[[int, list[int], list[int], list[float]], list[float]]:
+    """The adaptive policy's expected tokens of a step at each k = 0..k_max, summed over the
+    decoding sequences (n + sum over them of the first k survival products, each sequence's
+    acceptance estimated as (accepted + 2.8) / (proposed + 4)), as a function written out for
+    this k_max: the loop over depths unrolled, the same multiplications and additions in the same
+    order as the loop (bit-identical), in half its time. Made once per k_max."""
+    fn = _EXPECTED_SUMS.get(k_max)
+    if fn is None:
+        e = [f"e{i}" for i in range(1, k_max + 1)]
+        body = ["def f(n, acc, prop, dp):", "    nf = float(n)"]
+        if k_max:
+            body += [f"    {', '.join(f'd{i}' for i in range(k_max))}, = dp",
+                     f"    {' = '.join(e)} = nf",
+                     "    for a_i, p_i in zip(acc, prop):",
+                     "        a = (a_i + 2.8) / (p_i + 4.0)",
+                     "        s = a * d0", "        t = s", "        e1 += t"]
+            for i in range(1, k_max):
+                body += [f"        s *= a * d{i}", "        t += s", f"        e{i + 1} += t"]
+        body.append(f"    return [nf{''.join(', ' + x for x in e)}]")
+        ns: dict[str, Any] = {}
+        exec("\n".join(body), ns)  # source generated from k_max alone
+        fn = _EXPECTED_SUMS[k_max] = ns["f"]
+    return fn
+
+
 class Replica:
     """A tensor-parallel replica running a continuous-batching engine loop.
 
@@ -736,11 +764,16 @@ class Replica:
         return int(self._adaptive_k(est[None, :], np.array([ctx]), int(dec.sum()))[0])
 
     def _adaptive_pick(self, acc: list[int], prop: list[int], ctx: float) -> int:
-        """The adaptive policy's k for one step of the plain chain, in scalars: each decoding
-        sequence's acceptance estimated from its drafts accepted and proposed so far (prior 0.7,
-        weight 4), the expected tokens of each k = 0..k_max summed over them, each k priced as the
-        step itself would be (`_spec_step`), and the smallest k within rounding of the best rate.
-        The unfused step and the fused planner both choose with it (one code path: the same k)."""
+        """The adaptive policy's k for one step of the plain chain (`_adaptive_choice`)."""
+        return self._adaptive_choice(acc, prop, ctx)[0]
+
+    def _adaptive_choice(self, acc: list[int], prop: list[int], ctx: float) -> tuple[int, tuple[float, ...]]:
+        """The adaptive policy's k for one step of the plain chain, in scalars, and that step's
+        `_spec_step` figures: each decoding sequence's acceptance estimated from its drafts
+        accepted and proposed so far (prior 0.7, weight 4), the expected tokens of each k =
+        0..k_max summed over them, each k priced as the step itself would be (`_spec_step`), and
+        the smallest k within rounding of the best rate. The unfused step and the fused planner
+        both choose with it (one code path: the same k)."""
         spec = self.rt.spec
         assert spec is not None
         k_max = spec.k
@@ -751,24 +784,14 @@ class Replica:
             surv_arr = np.cumprod(a_arr[:, None] * np.array(dp)[None, :], axis=1)
             exp = [float(n), *(n + np.cumsum(surv_arr.sum(axis=0))).tolist()]
         else:
-            exp = [float(n)] * (k_max + 1)
-            for a_i, p_i in zip(acc, prop, strict=True):
-                a = (a_i + 2.8) / (p_i + 4.0)
-                surv = 1.0
-                tot = 0.0
-                for i in range(k_max):
-                    surv *= a * dp[i]
-                    tot += surv
-                    exp[i + 1] += tot
-        best_k, rates = 0, []
-        for k in range(k_max + 1):
-            rates.append(exp[k] / self._spec_step(n, ctx, k)[0])
+            exp = _expected_sums(k_max)(n, acc, prop, dp)
+        costs = [self._spec_step(n, ctx, k) for k in range(k_max + 1)]
+        rates = [exp[k] / costs[k][0] for k in range(k_max + 1)]
         top = max(rates) * (1.0 - 1e-9)
         for k, r in enumerate(rates):
             if r >= top:
-                best_k = k
-                break
-        return best_k
+                return k, costs[k]
+        return 0, costs[0]
 
     def _adaptive_k(self, est: np.ndarray, ctx: np.ndarray, n_dec: int) -> np.ndarray:
         """The adaptive policy's k for each of m steps (rows): the decoding sequences' acceptance

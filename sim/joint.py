@@ -534,7 +534,8 @@ class Cursor:
         reservation matters only for whether it fits; with room for every sequence's whole
         reservation it is not summed.) The loop keeps what every step reads in locals: a small
         batch's step is mostly this fixed cost."""
-        spec_step = self.rep._spec_step
+        spec_step, choose = self.rep._spec_step, self.rep._adaptive_choice
+        adaptive = self.spec is not None and self.spec.policy == "adaptive"
         lead = self.reqs.lead_b
         C, R = self.C, self.R
         NX, PROP, ACC, VEM = self.NX, self.PROP, self.ACC, self.VEM
@@ -550,11 +551,17 @@ class Cursor:
             if peek is not None and peek[0] == t and len(peek[1]) == 3:
                 k, qv, cost = peek[1]
             else:
-                k = k_fixed if k_fixed >= 0 else self._k(n, act)
+                if k_fixed >= 0:
+                    k, cost = k_fixed, None
+                elif adaptive:  # the choice prices every k: the chosen one's figures come with it
+                    k, cost = choose([ACC[e] for e in act], [PROP[e] for e in act], float(self.ctx))
+                else:
+                    k, cost = self._k(n, act), None
                 qv = qvs[k]
                 if self.free < n * (qv // B + 1) and self._reserve(k, act)[1] > self.free:
                     return HARD  # it would preempt
-                cost = spec_step(n, float(self.ctx), k)
+                if cost is None:
+                    cost = spec_step(n, float(self.ctx), k)
             total = cost[0]
             end = t + total
             if end >= end_bound or end >= a:  # the step is the ordinary one's, or waits for the arrival at a

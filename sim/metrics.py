@@ -210,10 +210,14 @@ def expand_steps(steps: pd.DataFrame) -> pd.DataFrame:
 
 def request_latencies(req: pd.DataFrame) -> pd.DataFrame:
     """Per-request TTFT, end-to-end latency, TPOT and queueing delay."""
-    ttft = req.first_token_s - req.arrival_s
-    e2e = req.completion_s - req.arrival_s
-    tpot = (e2e - ttft) / (req.output_tokens - 1).where(req.output_tokens > 1)
-    return pd.DataFrame({"ttft_s": ttft, "e2e_s": e2e, "tpot_s": tpot, "queue_s": req.scheduled_s - req.arrival_s})
+    arr = req.arrival_s.to_numpy(np.float64)
+    ttft = req.first_token_s.to_numpy(np.float64) - arr
+    e2e = req.completion_s.to_numpy(np.float64) - arr
+    out = req.output_tokens.to_numpy()
+    with np.errstate(invalid="ignore"):
+        tpot = (e2e - ttft) / np.where(out > 1, out - 1.0, np.nan)
+    return pd.DataFrame({"ttft_s": ttft, "e2e_s": e2e, "tpot_s": tpot,
+                         "queue_s": req.scheduled_s.to_numpy(np.float64) - arr}, index=req.index)
 
 
 def queue_growth_rps(steps: pd.DataFrame) -> float:
@@ -222,28 +226,36 @@ def queue_growth_rps(steps: pd.DataFrame) -> float:
     total = 0.0
     cnt = _counts(steps)
     fused = bool((cnt > 1).any())
-    for _, g in steps.groupby("replica"):
-        x = g.start_s.to_numpy(np.float64)
-        y = g.waiting.to_numpy(np.float64)
+    rep = steps.replica.to_numpy()
+    # each replica's rows in table order (a stable sort by replica, as groupby keeps them), sliced
+    order = np.argsort(rep, kind="stable")
+    cuts = np.flatnonzero(np.diff(rep[order])) + 1
+    cols = ("start_s", "waiting", "count", "chunk_gap_s", "gap_step_s") if fused else ("start_s", "waiting")
+    sorted_cols = {c: steps[c].to_numpy(np.float64)[order] for c in cols}
+    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), rep.size], strict=True):
+        g = {c: v[lo:hi] for c, v in sorted_cols.items()}
         if fused:
             total += _run_slope(g)
-        elif x.size >= 3 and np.ptp(x) > 0:
+            continue
+        x, y = g["start_s"], g["waiting"]
+        if x.size >= 3 and np.ptp(x) > 0:
             dx = x - x.mean()  # closed-form least squares: no LAPACK, so no thread-dependent rounding
             total += float((dx * (y - y.mean())).sum() / (dx * dx).sum())
     return total
 
 
-def _run_slope(g: pd.DataFrame) -> float:
-    """The least-squares slope of waiting on step start over one replica's steps, with each
-    run-length row's n steps at x_j = s + a j + b j (j - 1) / 2 (a = chunk_gap_s, b = gap_step_s,
-    the same waiting y): the centred sums from power sums of j, without expanding the run."""
-    n = _counts(g).astype(np.float64)
+def _run_slope(g: dict[str, np.ndarray]) -> float:
+    """The least-squares slope of waiting on step start over one replica's steps (its columns),
+    with each run-length row's n steps at x_j = s + a j + b j (j - 1) / 2 (a = chunk_gap_s,
+    b = gap_step_s, the same waiting y): the centred sums from power sums of j, without
+    expanding the run."""
+    n = g["count"]
     if n.sum() < 3:
         return 0.0
-    s = g.start_s.to_numpy(np.float64)
-    a = g.chunk_gap_s.to_numpy(np.float64) * (n > 1)
-    b = g.gap_step_s.to_numpy(np.float64) * (n > 1)
-    y = g.waiting.to_numpy(np.float64)
+    s = g["start_s"]
+    a = g["chunk_gap_s"] * (n > 1)
+    b = g["gap_step_s"] * (n > 1)
+    y = g["waiting"]
     m = n - 1.0
     s1 = m * n / 2.0  # sum of j over j = 0..n-1
     s2 = m * n * (2.0 * m + 1.0) / 6.0

@@ -669,7 +669,7 @@ def test_run_steps_full_expands_the_runs(tmp_path, example_path) -> None:
 def test_run_length_metrics_match_their_expansion() -> None:
     """Random run-length tables: the closed-form queue-growth slope and the expanded ITL gaps
     agree with the same figures computed over one row per step."""
-    from sim.metrics import _run_slope, dist, step_gaps, step_starts
+    from sim.metrics import _run_slope, dist, queue_growth_rps, step_gaps, step_starts
 
     rng = np.random.default_rng(1)
     for _ in range(200):
@@ -686,7 +686,9 @@ def test_run_length_metrics_match_their_expansion() -> None:
             y = g.waiting.to_numpy(np.float64)[rows]
             dx = x - x.mean()
             ref = (dx * (y - y.mean())).sum() / (dx * dx).sum()
-            assert _run_slope(g) == pytest.approx(ref, rel=1e-9, abs=1e-9)
+            cols = {c: g[c].to_numpy(np.float64) for c in ("start_s", "waiting", "count", "chunk_gap_s", "gap_step_s")}
+            assert _run_slope(cols) == pytest.approx(ref, rel=1e-9, abs=1e-9)
+            assert queue_growth_rps(g) == pytest.approx(_run_slope(cols), rel=1e-12, abs=1e-15)  # one replica: its slope
         gaps, w = step_gaps(g)
         j = np.concatenate([np.arange(c) for c in cnt])
         np.testing.assert_allclose(gaps, np.repeat(d0, cnt) + j * np.repeat(slope, cnt), rtol=1e-14)
