@@ -178,3 +178,28 @@ def test_sample_acceptance_mean_and_range() -> None:
     # a spread too wide for a Beta is clipped rather than failing
     wide = sample_acceptance(rng, np.full(1000, 0.5), np.full(1000, 0.9))
     assert np.all((wide >= 0.0) & (wide <= 0.999))
+
+
+def test_adaptive_expected_sums_are_the_loop_bit_for_bit() -> None:
+    """The adaptive policy's unrolled expected-token sums (one function per k_max) equal the
+    depth loop they replace exactly, for every k_max, decay and batch."""
+    import random
+
+    from sim.engine import _expected_sums
+
+    rnd = random.Random(3)
+    for k in range(0, 8):
+        for decay in (1.0, 0.93):
+            dp = [decay**i for i in range(k)]
+            for _ in range(50):
+                n = rnd.randint(1, 40)
+                acc = [rnd.randint(0, 400) for _ in range(n)]
+                prop = [a + rnd.randint(0, 120) for a in acc]
+                exp = [float(n)] * (k + 1)
+                for a_i, p_i in zip(acc, prop, strict=True):
+                    a, surv, tot = (a_i + 2.8) / (p_i + 4.0), 1.0, 0.0
+                    for i in range(k):
+                        surv *= a * dp[i]
+                        tot += surv
+                        exp[i + 1] += tot
+                assert _expected_sums(k)(n, acc, prop, dp) == exp
