@@ -767,7 +767,8 @@ class Replica:
         """The adaptive policy's k for one step of the plain chain (`_adaptive_choice`)."""
         return self._adaptive_choice(acc, prop, ctx)[0]
 
-    def _adaptive_choice(self, acc: list[int], prop: list[int], ctx: float) -> tuple[int, tuple[float, ...]]:
+    def _adaptive_choice(self, acc: list[int], prop: list[int], ctx: float
+                         ) -> tuple[int, tuple[float, float, float, float, float, float]]:
         """The adaptive policy's k for one step of the plain chain, in scalars, and that step's
         `_spec_step` figures: each decoding sequence's acceptance estimated from its drafts
         accepted and proposed so far (prior 0.7, weight 4), the expected tokens of each k =
@@ -2136,8 +2137,10 @@ class Replica:
             n = len(active)
             if blocked and n < max_seqs and free > 0:
                 break  # a waiting request could now be admitted: the ordinary step takes it
+            chosen = None  # the adaptive choice prices every k: the chosen one's decode-only figures
             if policy == "adaptive":
-                k = self._adaptive_pick([ACC[e] for e in active], [PROP[e] for e in active], float(ctx)) if n else 0
+                k, chosen = (self._adaptive_choice([ACC[e] for e in active], [PROP[e] for e in active], float(ctx))
+                             if n else (0, None))
             elif policy == "disable_above_batch":
                 k = 0 if n > spec.disable_batch_size else k_max
             else:
@@ -2165,7 +2168,7 @@ class Replica:
                                    float(n), float(ctx)) if shape is not None and k and n else None)
                 cost = self._spec_cost(n, float(ctx) if n else 0.0, k, n_pre, pre_tokens, pre_ctx, pre_pairs, plan)
             elif n:
-                cost = self._spec_step(n, float(ctx), k)
+                cost = chosen if chosen is not None else self._spec_step(n, float(ctx), k)
             else:
                 break
             total = cost[0]
