@@ -1175,21 +1175,23 @@ def run_search(spec: PlanSpec, jobs: int | None = None, prune: bool = True,
     return ranked, configs
 
 
+def _headroom_rows(ranked: pd.DataFrame) -> pd.DataFrame:
+    """The leading HEADROOM_TOP passing options, whose racks' headroom is measured."""
+    if "feasible" not in ranked:
+        return ranked.iloc[:0]
+    return ranked[ranked.feasible.astype(bool)].head(HEADROOM_TOP)
+
+
 def headroom_tasks(spec: PlanSpec, ranked: pd.DataFrame) -> list[tuple[Any, ...]]:
-    """`headroom`'s arguments for the leading HEADROOM_TOP passing options' racks."""
-    if "feasible" not in ranked or not ranked.feasible.astype(bool).any():
-        return []
-    top = ranked[ranked.feasible.astype(bool)].head(HEADROOM_TOP)
+    """`headroom`'s arguments for the leading passing options' racks (`_headroom_rows`)."""
     by_name = {x.name: x for x in spec.strategies}
-    return [(spec, configured(by_name[r.strategy], spec.base, row_config(r)), r.gpu, r.to_dict()) for _, r in top.iterrows()]
+    return [(spec, configured(by_name[r.strategy], spec.base, row_config(r)), r.gpu, r.to_dict())
+            for _, r in _headroom_rows(ranked).iterrows()]
 
 
 def add_headroom(ranked: pd.DataFrame, found: list[dict[str, Any]]) -> None:
     """`headroom`'s answers (for `headroom_tasks`, in order) into the ranked table's leading rows."""
-    if not found:
-        return
-    top = ranked[ranked.feasible.astype(bool)].head(HEADROOM_TOP)
-    for i, h in zip(top.index, found, strict=True):
+    for i, h in zip(_headroom_rows(ranked).index, found, strict=True):
         for k, v in h.items():
             ranked.loc[i, k] = v
 
