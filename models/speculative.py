@@ -121,12 +121,52 @@ def acceptance_at_quantile(q: np.ndarray, mean: np.ndarray, spread: np.ndarray) 
 
     m = np.asarray(mean, dtype=np.float64)
     s = np.asarray(spread, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
     out = m.copy()
     draw = (s > 0) & (m > 0) & (m < 1)
     if draw.any():
-        a, b = beta_params(m[draw], s[draw])
-        out[draw] = stats.beta.ppf(np.asarray(q)[draw], a, b)
+        pairs = np.unique(m[draw] + 1j * s[draw])  # the distinct (mean, spread), as complex numbers
+        if len(pairs) <= PPF_MEMO_PAIRS:  # a few classes: each class's values kept (`_class_ppf`)
+            for pm, ps in zip(pairs.real.tolist(), pairs.imag.tolist(), strict=True):
+                sel = draw & (m == pm) & (s == ps)
+                out[sel] = _class_ppf(q[sel], pm, ps)
+        else:
+            a, b = beta_params(m[draw], s[draw])
+            out[draw] = stats.beta.ppf(q[draw], a, b)
     return np.clip(out, 0.0, 0.999)
+
+
+PPF_MEMO_PAIRS = 16  # classes (mean, spread) whose quantile values are kept
+PPF_MEMO_SIZE = 1 << 18  # values kept per class at most
+_PPF_MEMO: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _class_ppf(q: np.ndarray, mean: float, spread: float) -> np.ndarray:
+    """One class's Beta quantiles at q, the values of a previous call with the same class reused
+    where its quantiles are a prefix of these (or these of its): a sweep's or a plan's runs of
+    one seed draw the same quantiles for their requests in the same order (common random
+    numbers), at every load and for every strategy of the same acceptance, and inverting the
+    Beta function is most of what a run's set-up costs. Elementwise, so the values are those of
+    one call over the whole array."""
+    from scipy import stats
+
+    key = (mean, spread)
+    hit = _PPF_MEMO.get(key)
+    known = np.empty(0)  # the values of a prefix of q already computed
+    if hit is not None:
+        cq, cv = hit
+        n = min(cq.size, q.size)
+        if np.array_equal(cq[:n], q[:n]):
+            if q.size <= cq.size:
+                return cv[: q.size].copy()
+            known = cv
+    a, b = beta_params(mean, spread)
+    vals = np.concatenate([known, stats.beta.ppf(q[known.size:], a, b)])
+    if q.size <= PPF_MEMO_SIZE:
+        if len(_PPF_MEMO) >= PPF_MEMO_PAIRS and key not in _PPF_MEMO:
+            _PPF_MEMO.clear()
+        _PPF_MEMO[key] = (q.copy(), vals.copy())
+    return vals
 
 
 def sample_acceptance(rng: np.random.Generator, mean: np.ndarray, spread: np.ndarray) -> np.ndarray:

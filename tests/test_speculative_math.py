@@ -203,3 +203,32 @@ def test_adaptive_expected_sums_are_the_loop_bit_for_bit() -> None:
                         tot += surv
                         exp[i + 1] += tot
                 assert _expected_sums(k)(n, acc, prop, dp) == exp
+
+
+def test_acceptance_quantiles_kept_per_class_are_the_direct_inversion() -> None:
+    """Per-request acceptance at its quantile, with each class's values kept and reused where the
+    quantiles extend a previous call's (common random numbers across a sweep's loads), equals the
+    Beta inversion over the whole array in one call, exactly: longer, shorter and unrelated
+    quantile arrays, a class without spread, and more classes than are kept."""
+    from scipy import stats
+
+    from models.speculative import acceptance_at_quantile, beta_params
+
+    def direct(q: np.ndarray, m: np.ndarray, s: np.ndarray) -> np.ndarray:
+        out = m.copy()
+        draw = (s > 0) & (m > 0) & (m < 1)
+        a, b = beta_params(m[draw], s[draw])
+        out[draw] = stats.beta.ppf(q[draw], a, b)
+        return np.clip(out, 0.0, 0.999)
+
+    rng = np.random.default_rng(5)
+    qq, cc = rng.random(4000), (rng.random(4000) < 0.3).astype(int)
+    for trial in range(40):
+        n = int(rng.integers(1, 4000))
+        means, spreads = np.array([0.75, 0.45, 0.6]), np.array([0.12, 0.15, 0.0])
+        c = cc[:n].copy()
+        c[rng.random(n) < 0.05] = 2
+        q = qq[:n] if trial % 3 else rng.random(n)
+        assert np.array_equal(acceptance_at_quantile(q, means[c], spreads[c]), direct(q, means[c], spreads[c]))
+    m, s, q = rng.uniform(0.2, 0.9, 300), np.full(300, 0.1), rng.random(300)  # one class per request
+    assert np.array_equal(acceptance_at_quantile(q, m, s), direct(q, m, s))
