@@ -1282,23 +1282,50 @@ def decision_map(spec: PlanSpec, jobs: int | None = None, gpu: str | None = None
     that meets the SLO there under the plan's rack rules (found by simulation, as the plan finds
     its own, in the configuration the plan chose for the strategy), its monthly cost and whether
     it keeps the quality floor. `winners` names the cheapest per cell."""
-    tasks = map_tasks(spec, gpu, answer)
-    return pd.DataFrame(_map(_map_cell, tasks, jobs, "decision map" if spec.progress else ""))
+    tasks, layout = map_tasks(spec, gpu, answer)
+    return map_table(layout, _map(_map_cell, tasks, jobs, "decision map" if spec.progress else ""))
 
 
-def map_tasks(spec: PlanSpec, gpu: str | None = None, answer: pd.DataFrame | None = None) -> list[tuple[Any, ...]]:
-    """`_map_cell`'s arguments for every cell of the decision map and strategy."""
+def map_tasks(spec: PlanSpec, gpu: str | None = None,
+              answer: pd.DataFrame | None = None) -> tuple[list[tuple[Any, ...]], list[tuple[float, int]]]:
+    """`_map_cell`'s arguments for the decision map's distinct searches, and the map's layout: for
+    every cell and strategy in order, (its acceptance, the index of the search that answers it).
+    A strategy that does not speculate (in its planned configuration) runs the same simulations at
+    every acceptance (no class's acceptance is read: same requests, steps and capacity), so its
+    search at the first acceptance answers every acceptance of that utilisation (`map_table`)."""
     gpu = gpu or spec.gpus[0]
     cap = base_capacity(spec, gpu)
     tasks: list[tuple[Any, ...]] = []
+    layout: list[tuple[float, int]] = []
+    plain: dict[tuple[float, str], int] = {}  # (utilisation, strategy) -> its search, when it does not speculate
     for u in spec.map_utilisation:
         for a in spec.map_acceptance:
             for s in spec.strategies:
                 if (s.name, gpu) not in spec.not_applicable:
                     chosen, reps, rate0 = _chosen(spec, answer, s, gpu)
+                    if (u, s.name) in plain:
+                        layout.append((a, plain[(u, s.name)]))
+                        continue
+                    if not _speculates(spec, chosen, gpu, rate0):
+                        plain[(u, s.name)] = len(tasks)
                     start = max(1, round(reps * u * cap / rate0))
+                    layout.append((a, len(tasks)))
                     tasks.append((spec, s.name, chosen, gpu, u, a, u * cap, start))
-    return tasks
+    return tasks, layout
+
+
+def _speculates(spec: PlanSpec, s: Strategy, gpu: str, rate: float) -> bool:
+    """Whether the strategy speculates on this GPU type (True when it cannot be built: its own
+    search reports why, at every acceptance)."""
+    try:
+        return _one(spec, s, gpu, rate).speculative is not None
+    except ConfigError:
+        return True
+
+
+def map_table(layout: list[tuple[float, int]], found: list[dict[str, Any]]) -> pd.DataFrame:
+    """The decision map's cells (`map_tasks`'s layout) from its searches' answers."""
+    return pd.DataFrame([{**found[i], "acceptance": a} for a, i in layout])
 
 
 def _map_cell(spec: PlanSpec, name: str, s: Strategy, gpu: str, u: float, a: float, rate: float,
@@ -1544,7 +1571,8 @@ def run_tables(spec: PlanSpec, jobs: int | None = None, analyses: bool = True) -
     if analyses:
         # the headroom and every analysis in one pool, the longest tasks first: no worker idles
         # at the end of one analysis while another's tasks wait
-        parts = {"headroom": (headroom, headroom_tasks(spec, answer)), "map": (_map_cell, map_tasks(spec, answer=answer)),
+        cell_tasks, layout = map_tasks(spec, answer=answer)
+        parts = {"headroom": (headroom, headroom_tasks(spec, answer)), "map": (_map_cell, cell_tasks),
                  "curves": (plan_row, curve_tasks(spec, answer)), "sensitivity": (plan_row, sensitivity_tasks(spec, answer)),
                  "shift": (_shift_cell, shift_tasks(spec))}
         flat = [(name, fn, args) for name, (fn, tasks) in parts.items() for args in tasks]
@@ -1555,7 +1583,7 @@ def run_tables(spec: PlanSpec, jobs: int | None = None, analyses: bool = True) -
             found[name].append(res)
         add_headroom(answer, found["headroom"])
         tables["curves"] = curves_table(spec, found["curves"])
-        cells = pd.DataFrame(found["map"])
+        cells = map_table(layout, found["map"])
         tables["map_cells"] = cells
         gpu = spec.gpus[0]
         tables["map"] = winners(cells).assign(

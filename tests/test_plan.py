@@ -35,6 +35,7 @@ from experiments.plan import (
     evaluate,
     judged_run,
     load_plan,
+    map_tasks,
     min_rack,
     plan_row,
     retraining_table,
@@ -330,6 +331,23 @@ def test_decision_map_cells_match_direct_simulations(map_spec: PlanSpec, cells: 
         assert sm["slo_met"] and sm["tpot_s"]["mean"] == r.tpot_mean_s, s.name
         if r.replicas > 1:
             assert not _judged(_cell_scenario(base, s, rate, a, int(r.replicas) - 1))["slo_met"], s.name
+
+
+def test_decision_map_searches_a_plain_strategy_once_per_utilisation(map_spec: PlanSpec, cells: pd.DataFrame) -> None:
+    """A strategy that does not speculate runs the same simulations at every acceptance: the map
+    searches it once per utilisation and reports that answer in each acceptance's cell (checked
+    against direct simulation by test_decision_map_cells_match_direct_simulations); every
+    speculating strategy is searched in every cell."""
+    tasks, layout = map_tasks(map_spec)
+    n_u, n_a = len(map_spec.map_utilisation), len(map_spec.map_acceptance)
+    assert n_a > 1 and len(layout) == n_u * n_a * len(map_spec.strategies) == len(cells)
+    names = [t[1] for t in tasks]
+    assert names.count("baseline") == n_u
+    assert names.count("draft-1b") == names.count("eagle") == n_u * n_a
+    assert [a for a, _ in layout] == cells.acceptance.tolist()
+    plain = cells[cells.strategy == "baseline"]
+    for _, g in plain.groupby("utilisation"):
+        assert g.drop(columns="acceptance").nunique(dropna=False).max() == 1
 
 
 def test_a_map_winner_agrees_with_long_runs(map_spec: PlanSpec, cells: pd.DataFrame) -> None:
