@@ -2147,8 +2147,13 @@ class Replica:
                 k = fixed_k
             q = k + 1
             qv = spec.verify_tokens(k) if (tree and k) else q
-            # the KV reservation of the decoding sequences (all of them)
-            if q == 1:
+            # the KV reservation of the decoding sequences (all of them): at most qv // B + 1 blocks
+            # each, so with room for that and for every pending prompt whole it fits and admits
+            # the same requests whatever it is exactly (its sum is not needed: held blocks after a
+            # step are ceil(context / B), whatever was reserved)
+            if free >= n * (qv // B + 1) + (sum([-(-int(reqs.prompt[rid]) // B) for rid in pending]) if pending else 0):
+                need = 0
+            elif q == 1:
                 need = sum([(C[e] + B) // B for e in active]) - held
             elif qv != q:
                 need = sum([(C[e] + (qv if qv < max_len - C[e] else max_len - C[e]) + (B - 1)) // B
@@ -2182,7 +2187,9 @@ class Replica:
                 if near:  # an arrival at its end: which comes first is SimPy's
                     break
             # the step is taken: the decoding sequences' outcomes, then the admissions, then completions
-            emitted = 0
+            # (in the same pass: the blocks held after the step, ceil(context / B), and the finishing)
+            emitted = held2 = 0
+            left: list[int] = []
             if k:
                 for e in active:
                     a = lead[NX[e]]
@@ -2191,22 +2198,29 @@ class Replica:
                     NX[e] += 1
                     x = a + 1
                     r = R[e]
-                    if x > r:
+                    if x >= r:
                         x = r
+                        left.append(e)
                     PROP[e] += k
                     ACC[e] += a
                     VER[e] += 1
                     VEM[e] += x
-                    C[e] += x
+                    c = C[e] + x
+                    C[e] = c
                     R[e] = r - x
+                    held2 += (c + (B - 1)) // B
                     emitted += x
             else:
                 for e in active:
-                    C[e] += 1
-                    R[e] -= 1
+                    c = C[e] + 1
+                    C[e] = c
+                    r = R[e] - 1
+                    R[e] = r
+                    if not r:
+                        left.append(e)
+                    held2 += (c + (B - 1)) // B
                 emitted = n
             ctx += emitted
-            held2 = sum([(C[e] + (B - 1)) // B for e in active])
             free -= held2 - held
             held = held2
             for rid, chunk in zip(pending, chunks, strict=True) if n_pre else ():
@@ -2226,9 +2240,10 @@ class Replica:
                 held += nb
                 ctx += chunk
                 admitted.append((rid, t, end))
+                if R[e] <= 0:  # (after the decoding sequences: entries leave in slot order)
+                    left.append(e)
             emitted += n_pre
             t_start, t = t, end
-            left = [e for e in active if R[e] <= 0]
             sends = 0
             if left:
                 for e in left:

@@ -346,9 +346,17 @@ class Cursor:
             dec = self._decoders()
             n_dec = len(dec)
             k = self._k(len(self.active), dec) if spec is not None else 0
-            qv, need = self._reserve(k, dec)
-            if need > self.free:
-                return HARD  # it would preempt
+            if k and self.chunked and self.free > n_dec * (self._qv[k] // B + 1) + self.budget_max // B + len(
+                    self.partials) + len(self.pending):
+                # room for every sequence's whole reservation (qv // B + 1 blocks at most) and for
+                # every chunk the budget allows (its tokens / B + 1 blocks at most): it fits, and
+                # the prefill plan never runs short of blocks, whatever the reservation is exactly
+                # (with drafts the blocks held after the step do not depend on it: `_blocks_after`)
+                qv, need = self._qv[k], 0
+            else:
+                qv, need = self._reserve(k, dec)
+                if need > self.free:
+                    return HARD  # it would preempt
             parts, adm, _ = self._prefill_plan(n_dec, qv, self.free - need)
             n_pre = len(parts) + len(adm)
             if not n_dec and not n_pre:
