@@ -930,11 +930,12 @@ class Replica:
                     # read each pass; the context grows by one token per pass, so k passes cost
                     # k x the pass at the mean context (exact while the pass stays in one
                     # roofline regime)
+                    # (`pass_sums`: `step_sums`'s figures, bit for bit, from terms cached per batch)
                     mean_ctx = ctx_dec + n_dec * (k - 1) / 2.0
-                    d = dc.step_sums(n_dec, n_dec, mean_ctx, mean_ctx + n_dec, step_overhead=False)
-                    draft_s += k * d.total_s
-                    flops += k * d.flops * dc.tp
-                    nbytes += k * d.bytes * dc.tp
+                    d_s, d_f, d_b = dc.pass_sums(n_dec, n_dec, mean_ctx, mean_ctx + n_dec, False)
+                    draft_s += k * d_s
+                    flops += k * d_f * dc.tp
+                    nbytes += k * d_b * dc.tp
                 if pre_tokens and spec.method != "self_spec":  # a self-draft's prefill is the target's own
                     d = dc.step_sums(n_pre, pre_tokens, pre_ctx, pre_pairs, step_overhead=False)
                     draft_s += d.total_s
@@ -945,8 +946,9 @@ class Replica:
                 # step of a speculation-enabled engine, also when k = 0. vLLM issue 49548 measured
                 # it as a share of TPOT with nothing drafted, i.e. of a plain decode step over the
                 # decoding sequences: it is charged on that, never on prefill tokens in the step
-                plain = tc if (k == 0 and not n_pre) else rt.cost.step_sums(n_dec, n_dec, ctx_dec, ctx_dec + n_dec)
-                over = plain.total_s * self._overhead_frac(n_dec)
+                # (`decode_s`: that pass's `step_sums` total, bit for bit, from terms cached per batch)
+                plain_s = tc.total_s if (k == 0 and not n_pre) else rt.cost.decode_s(n_dec, ctx_dec)
+                over = plain_s * self._overhead_frac(n_dec)
                 if spec.host_s_per_seq:  # suffix decoding's CPU lookups, per decoding sequence
                     over += spec.host_s_per_seq * n_dec
         return tc.total_s + draft_s + over, tc.total_s, draft_s, over, flops, nbytes
