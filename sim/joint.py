@@ -122,6 +122,8 @@ class Cursor:
         self.chunked = rt.chunked_prefill
         self.idx = rep.idx
         self._min_left: int | None = None  # fewest tokens left among the decoding sequences (cached)
+        # the step from wait_t ends at wait_end: `advance` stopped there, waiting for an arrival (`waits`)
+        self.wait_t, self.wait_end = math.nan, -math.inf
         self._peek: tuple[float, Any] | None = None  # the next step's plan, kept while it waits for an arrival
         self._open()
 
@@ -179,6 +181,7 @@ class Cursor:
         self.partials = [pos[e] for e in self.partials]
         self._renumber(state)
         self._peek = None
+        self.wait_t = math.nan  # (the next extension plans that step anew, as it does without the skip)
         self._open()
         if self.t == math.inf:
             self.p_start = end
@@ -239,10 +242,19 @@ class Cursor:
             else:
                 got = self._segment(a, end_bound, fb)
             if got == WAIT:
+                self.wait_t = self.t
                 return True
             if got == HARD:
                 return False
         return True
+
+    def waits(self, a: float) -> bool:
+        """Whether `advance(a)` would plan nothing and return at once: its last call stopped at
+        the step from t (nothing has moved t since) because that step ends at `wait_end` >= a. A
+        request routed here since arrives after t, so that step is planned the same (it admits
+        what had arrived by t). Within one extension of the plan (`close` forgets it, as it forgets
+        the step's plan: the next extension plans it anew)."""
+        return self.wait_t == self.t and a <= self.wait_end
 
     def _k(self, n_run: int, dec: list[int]) -> int:
         """The step's k, as `Replica._choose_k` chooses it."""
@@ -397,6 +409,7 @@ class Cursor:
         if end >= end_bound:
             return HARD
         if end >= a:
+            self.wait_end = end
             return WAIT
         self._peek = None
         n_dec = len(dec)
@@ -574,6 +587,7 @@ class Cursor:
             end = t + total
             if end >= end_bound or end >= a:  # the step is the ordinary one's, or waits for the arrival at a
                 self._peek = (t, (k, qv, cost))
+                self.wait_end = end
                 return HARD if end >= end_bound else WAIT
             self._peek = None
             left: list[int] = []
@@ -770,6 +784,7 @@ class PlainCursor(Cursor):
                     break
             k -= 1
         if k < 1:  # its first step ends at or after a (it waits for the arrival's routing), or past the end bound
+            self.wait_end = t + d0
             return HARD if t + d0 >= end_bound else WAIT
         end = t + (x + y)
         used0 = self.num_blocks - free
@@ -965,7 +980,7 @@ class RackPlanner:
                 continue
             for r in range(R):
                 c = cur[r]
-                if c is not None and c.t < a and not c.quiet(a) and not c.advance(a, end_bound, fb):
+                if c is not None and c.t < a and not c.waits(a) and not c.quiet(a) and not c.advance(a, end_bound, fb):
                     self.frozen[r] = c  # its step at c.t is the ordinary step's
                     self._drop(r, c, c.t)
             counts: list[int] = []
@@ -999,7 +1014,7 @@ class RackPlanner:
             a = stop_s
         for r in range(R):
             c = cur[r]
-            if c is not None and c.t < a and not self.broken and not c.advance(a, end_bound, fb):
+            if c is not None and c.t < a and not self.broken and not c.waits(a) and not c.advance(a, end_bound, fb):
                 self.frozen[r] = c
                 self._drop(r, c, c.t)
             for c in (cur[r], self.frozen[r]):
