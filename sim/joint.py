@@ -125,6 +125,8 @@ class Cursor:
         # the step from wait_t ends at wait_end: `advance` stopped there, waiting for an arrival (`waits`)
         self.wait_t, self.wait_end = math.nan, -math.inf
         self._peek: tuple[float, Any] | None = None  # the next step's plan, kept while it waits for an arrival
+        self._dec_held = 0  # what the last `_decode` with drafts left: blocks held, the finished (`_mixed`)
+        self._dec_left: list[int] = []
         self._open()
 
     @staticmethod
@@ -413,6 +415,7 @@ class Cursor:
             return WAIT
         self._peek = None
         n_dec = len(dec)
+        others = self.partials[:] if k else []  # entries that do not decode (the admitted ones join below)
         emitted = self._decode(k, dec)
         done_pre: list[int] = []
         C, TGT = self.C, self.TGT
@@ -428,6 +431,7 @@ class Cursor:
             pend.popleft()
             e = self._add(rid, c, tokens)
             taken += (c + (B - 1)) // B
+            others.append(e)
             self.admitted.append((rid, t))
             if c >= tokens:
                 done_pre.append(e)
@@ -439,9 +443,24 @@ class Cursor:
                 R[e] -= 1
             emitted += len(done_pre)
             self._prefilled(done_pre)
-        self._blocks_after(k, need, taken)
         self._min_left = None
-        self._finish(end)
+        if k:
+            # with drafts every entry holds ceil(context / B) blocks after the step: the decoding
+            # ones' were summed by `_decode`, with those that finished (in slot order), so only the
+            # others are summed here and the entries are not scanned again (as `_blocks_after` and
+            # `_finish` would), unless a prefill done leaves at once (a one-token output)
+            R = self.R
+            held = self._dec_held + sum([(C[e] + (B - 1)) // B for e in others])
+            self.free -= held - self.held
+            self.held = held
+            left = self._dec_left
+            if done_pre and min([R[e] for e in done_pre]) <= 0:
+                left = [e for e in self.active if R[e] <= 0]
+            if left:
+                self._leave(left, end)
+        else:
+            self._blocks_after(need, taken)
+            self._finish(end)
         n_pre = len(parts) + len(adm)
         self.rows.append((self.idx, t, total, n_dec + n_pre, n_dec, pre_tokens, n_dec * qv, emitted, k,
                           self.num_blocks - self.free, self._waiting_at(end), flops, nbytes, target, draft, over,
@@ -477,21 +496,20 @@ class Cursor:
         C = self.C
         self.ctx += sum([C[e] for e in done])
 
-    def _blocks_after(self, k: int, need: int, taken: int) -> None:
-        """Every entry holds ceil(context / B) blocks after the step (a reservation's rejected
-        drafts released): the free blocks follow. Without drafts the decoding sequences hold what
-        they reserved (`need` more), and the prefills what their chunks took (`taken`)."""
-        if k:
-            C = self.C
-            held = sum([(C[e] + (B - 1)) // B for e in self.active])
-        else:
-            held = self.held + need + taken
+    def _blocks_after(self, need: int, taken: int) -> None:
+        """A step without drafts: the decoding sequences hold what they reserved (`need` more), the
+        prefills what their chunks took (`taken`); the free blocks follow. (With drafts every entry
+        holds ceil(context / B) blocks after the step, a reservation's rejected drafts released:
+        `_mixed` sums them.)"""
+        held = self.held + need + taken
         self.free -= held - self.held
         self.held = held
 
     def _decode(self, k: int, dec: list[int]) -> int:
         """Every decoding sequence's tokens this step: accepted drafts + 1 (capped by what is left)
-        read from its outcomes, or one without speculation; contexts grow. Returns the tokens."""
+        read from its outcomes, or one without speculation; contexts grow. Returns the tokens; with
+        drafts it keeps the decoding entries' blocks after the step (ceil(context / B), summed)
+        and those that finished, in slot order (`_dec_held`, `_dec_left`: `_mixed` reads them)."""
         C, R = self.C, self.R
         if not k:
             for e in dec:
@@ -501,7 +519,8 @@ class Cursor:
             return len(dec)
         lead = self.reqs.lead_b
         NX, PROP, ACC, VEM = self.NX, self.PROP, self.ACC, self.VEM
-        emitted = 0
+        emitted = held = 0
+        left: list[int] = []
         for e in dec:
             acc = lead[NX[e]]
             if acc > k:
@@ -509,15 +528,19 @@ class Cursor:
             NX[e] += 1
             x = acc + 1
             r = R[e]
-            if x > r:
+            if x >= r:
                 x = r
+                left.append(e)
             PROP[e] += k
             ACC[e] += acc
             VEM[e] += x
-            C[e] += x
+            c = C[e] + x
+            C[e] = c
             R[e] = r - x
+            held += (c + (B - 1)) // B
             emitted += x
         self.ctx += emitted
+        self._dec_held, self._dec_left = held, left  # (their blocks after the step, and the finished)
         return emitted
 
     def _finish(self, t: float) -> None:
