@@ -19,12 +19,13 @@ engine would.
 
 A replica's steps follow the rules of the ordinary step (`sim.engine.Replica.run`): plain decode
 segments in closed form (`Replica._plan_segment`'s expressions), speculative steps one by one (the
-prices and outcomes of `Replica._plan_spec_steps`), and the mixed step that admits the waiting
-requests (FCFS, prefilled whole). What a cursor cannot plan (a prompt prefilled in chunks, a
-decode step that would preempt, a preempted request waiting, a step ending past the horizon) is
-the ordinary step's: the replica is "out" from that step's start to its end, its count being its
-outstanding requests at the start plus those sent to it since; it rejoins at its next step
-boundary. An arrival at exactly a step boundary of a replica, or a backlog that could reach the
+prices and outcomes of `Replica._plan_spec_steps`), and the mixed step that continues the partial
+prefills and admits the waiting requests (FCFS, chunked in the token budget left, or whole
+without chunked prefill; a preempted request recomputes its prompt and output so far). What a
+cursor cannot plan (a decode step that would preempt, a step with nothing that fits, a step
+ending past the horizon) is the ordinary step's: the replica is "out" from that step's start to
+its end, its count being its outstanding requests at the start plus those sent to it since; it
+rejoins at its next step boundary. An arrival at exactly a step boundary of a replica, or a backlog that could reach the
 limit, ends joint planning for the rest of the run (each replica plans alone again).
 
 Each replica executes its planned steps as pieces (`Piece`, one SimPy timeout each, ending exactly
