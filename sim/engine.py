@@ -139,6 +139,23 @@ class SpecSegment(NamedTuple):
     stay: np.ndarray | None = None  # ... and which stay
 
 
+def decode_one(C: list[int], R: list[int], entries: list[int]) -> tuple[int, list[int]]:
+    """A planned step without drafts: every entry (its context in C, its tokens left in R) decodes
+    one token. Returns the KV blocks they hold after it (ceil(context / B), summed) and those that
+    finished, in order (the speculative planners' step with k = 0)."""
+    held = 0
+    left: list[int] = []
+    for e in entries:
+        c = C[e] + 1
+        C[e] = c
+        r = R[e] - 1
+        R[e] = r
+        if not r:
+            left.append(e)
+        held += (c + (BLOCK_SIZE - 1)) // BLOCK_SIZE
+    return held, left
+
+
 def exact_delay(now: float, end_s: float) -> float:
     """A delay that SimPy adds to `now` to land exactly on `end_s` (end_s - now may miss it by an
     ulp): a planned piece ends at the very time its plan counted with (`sim.joint`)."""
@@ -2213,14 +2230,7 @@ class Replica:
                     held2 += (c + (B - 1)) // B
                     emitted += x
             else:
-                for e in active:
-                    c = C[e] + 1
-                    C[e] = c
-                    r = R[e] - 1
-                    R[e] = r
-                    if not r:
-                        left.append(e)
-                    held2 += (c + (B - 1)) // B
+                held2, left = decode_one(C, R, active)
                 emitted = n
             ctx += emitted
             free -= held2 - held

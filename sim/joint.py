@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from models.memory import BLOCK_SIZE
+from sim.engine import decode_one
 from sim.fleet import LIVE
 
 if TYPE_CHECKING:
@@ -637,14 +638,7 @@ class Cursor:
                     held += (c + (B - 1)) // B
                     emitted += x
             else:
-                for e in act:
-                    c = C[e] + 1
-                    C[e] = c
-                    r = R[e] - 1
-                    R[e] = r
-                    if not r:
-                        left.append(e)
-                    held += (c + (B - 1)) // B
+                held, left = decode_one(C, R, act)
                 emitted = n
             self.free += self.held - held
             self.held = held
