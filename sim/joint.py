@@ -256,8 +256,9 @@ class Cursor:
         """Whether `advance(a)` would plan nothing and return at once: its last call stopped at
         the step from t (nothing has moved t since) because that step ends at `wait_end` >= a. A
         request routed here since arrives after t, so that step is planned the same (it admits
-        what had arrived by t). Within one extension of the plan (`close` forgets it, as it forgets
-        the step's plan: the next extension plans it anew)."""
+        what had arrived by t). `close` forgets it with the step's plan when it makes a piece
+        (the next extension plans that step anew); a cursor that planned nothing keeps both, as
+        it kept the plan before (`_peek`)."""
         return self.wait_t == self.t and a <= self.wait_end
 
     def _k(self, n_run: int, dec: list[int]) -> int:
