@@ -510,14 +510,13 @@ class Cursor:
 
     def _decode(self, k: int, dec: list[int]) -> int:
         """Every decoding sequence's tokens this step: accepted drafts + 1 (capped by what is left)
-        read from its outcomes, or one without speculation; contexts grow. Returns the tokens; with
-        drafts it keeps the decoding entries' blocks after the step (ceil(context / B), summed)
-        and those that finished, in slot order (`_dec_held`, `_dec_left`: `_mixed` reads them)."""
+        read from its outcomes, or one without speculation; contexts grow. Returns the tokens, and
+        keeps the decoding entries' blocks after the step (ceil(context / B), summed) and those
+        that finished, in slot order (`_dec_held`, `_dec_left`: `_mixed` and `_spec_steps` read
+        them). One pass over the batch: the speculative steps' hot loop."""
         C, R = self.C, self.R
         if not k:
-            for e in dec:
-                C[e] += 1
-                R[e] -= 1
+            self._dec_held, self._dec_left = decode_one(C, R, dec)
             self.ctx += len(dec)
             return len(dec)
         lead = self.reqs.lead_b
@@ -581,11 +580,9 @@ class Cursor:
         reservation matters only for whether it fits; with room for every sequence's whole
         reservation it is not summed.) The loop keeps what every step reads in locals: a small
         batch's step is mostly this fixed cost."""
-        spec_step, choose = self.rep._spec_step, self.rep._adaptive_choice
+        spec_step, choose, decode = self.rep._spec_step, self.rep._adaptive_choice, self._decode
         adaptive = self.spec is not None and self.spec.policy == "adaptive"
-        lead = self.reqs.lead_b
-        C, R = self.C, self.R
-        NX, PROP, ACC, VEM = self.NX, self.PROP, self.ACC, self.VEM
+        ACC, PROP = self.ACC, self.PROP
         rows = self.rows
         k_fixed, qvs = self._k_fixed, self._qv
         pend = self.pending
@@ -616,34 +613,10 @@ class Cursor:
                 self.wait_end = end
                 return HARD if end >= end_bound else WAIT
             self._peek = None
-            left: list[int] = []
-            held = 0
-            emitted = 0
-            if k:
-                for e in act:
-                    acc = lead[NX[e]]
-                    if acc > k:
-                        acc = k
-                    NX[e] += 1
-                    x = acc + 1
-                    r = R[e]
-                    if x >= r:
-                        x = r
-                        left.append(e)
-                    PROP[e] += k
-                    ACC[e] += acc
-                    VEM[e] += x
-                    c = C[e] + x
-                    C[e] = c
-                    R[e] = r - x
-                    held += (c + (B - 1)) // B
-                    emitted += x
-            else:
-                held, left = decode_one(C, R, act)
-                emitted = n
+            emitted = decode(k, act)  # (every running sequence decodes: `act` is every entry)
+            held, left = self._dec_held, self._dec_left
             self.free += self.held - held
             self.held = held
-            self.ctx += emitted
             self._min_left = None
             if left:
                 self._leave(left, end)
