@@ -1034,6 +1034,8 @@ class Replica:
         stalled_s = 0.0  # prefill-only steps run since the last decode while sequences were ready to decode
         decode_left = 0  # multi-step scheduling: decode steps still due before prefills are considered again
         absorbs = self._absorbs()  # fixed for the run (router, replicas, prefill mode, hooks, cache)
+        loops = absorbs and self.fuse is not None and not self.fuse.arrivals and not (
+            spec is not None and spec.policy == "adaptive" and spec.shape is not None)  # a closed loop of one replica
         rack = self.rack
         while True:
             if self.n_running == 0 and not self.waiting:
@@ -1074,6 +1076,10 @@ class Replica:
                         done_steps = yield from self._spec_run()
                     if done_steps:
                         decode_left = (decode_left - done_steps) % rt.scheduler_steps
+                        continue
+                if loops:  # (a closed loop's partial prefills and chunked admissions: a cursor plans them)
+                    done_steps = yield from self._loop_run()
+                    if done_steps:
                         continue
             n = self.n_running
             dec = self.computed[:n] >= self.target[:n]
@@ -1941,9 +1947,20 @@ class Replica:
             rows[:, 15] = g.over[:steps]
         return steps_all
 
-    def _run_piece(self, piece: Piece) -> Generator[simpy.Event, Any, int]:
-        """A piece of the rack's joint plan (`sim.joint.Piece`): its steps in one timeout, applied
-        at its end as a run admitting arrivals is (`_spec_steps_run`); returns its steps."""
+    def _loop_run(self) -> Generator[simpy.Event, Any, int]:
+        """The steps a cursor plans for a closed loop of this replica alone (`sim.joint.loop_piece`),
+        as one piece; returns its steps (0: none planned, take an ordinary step)."""
+        from sim.joint import loop_piece
+
+        got = loop_piece(self)
+        if got is None:
+            return 0
+        return (yield from self._run_piece(*got))
+
+    def _run_piece(self, piece: Piece, feed: SendFeed | None = None) -> Generator[simpy.Event, Any, int]:
+        """A piece of the rack's joint plan (`sim.joint.Piece`), or of a closed loop's (with the
+        sends it planned, `feed`: `sim.joint.loop_piece`): its steps in one timeout, applied at
+        its end as a run admitting arrivals is (`_spec_steps_run`); returns its steps."""
         env = self.env
         assert abs(piece.start_s - env.now) <= 1e-9 * max(1.0, env.now), (piece.start_s, env.now)
         self._gone = piece.gone
@@ -1955,9 +1972,11 @@ class Replica:
         self._gone_t = []
         self._taken = []
         reqs = self.reqs
+        planned = {r for r, _ in feed.sent} if feed is not None else ()  # (sent by the piece: never queued)
         for adm, start in piece.admitted:  # (taken from the queue the arrival process put them in)
-            got = self.waiting.popleft()
-            assert got == adm, (got, adm)
+            if adm not in planned:
+                got = self.waiting.popleft()
+                assert got == adm, (got, adm)
             if math.isnan(reqs.scheduled[adm]):
                 reqs.scheduled[adm] = start
         if piece.first:
@@ -1991,7 +2010,9 @@ class Replica:
                 self.n_vemit[:m] = vem
         self.n_running = m
         self.free_blocks = piece.free
-        if piece.done and reqs.on_complete is not None:  # (an autoscaled fleet: a draining replica emptied leaves)
+        if feed is not None:  # (the closed loop's sends for its completions: the piece made them)
+            feed.commit(self, {r for r, _ in piece.admitted}, piece.end_s)
+        elif piece.done and reqs.on_complete is not None:  # (an autoscaled fleet: a draining replica emptied leaves)
             reqs.on_complete(len(piece.done))
         self.log.extend(piece.rows)
         return piece.steps

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from models.memory import BLOCK_SIZE
-from sim.engine import decode_one
+from sim.engine import NEAR, SendFeed, decode_one
 from sim.fleet import LIVE
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 B = BLOCK_SIZE
 FUSE_MAX_STEPS = 4096  # longest plain decode segment planned at once
+LOOP_STEPS = 1024  # most steps one piece of a closed loop's plan holds (`loop_piece`)
 EXTEND_ARRIVALS = 512  # arrivals routed by one extension of the plan (then every replica's steps become a piece)
 QUIET_MARGIN = 1e-9  # relative: a replica is left unplanned up to an arrival only this clearly before its next completion
 
@@ -129,6 +130,8 @@ class Cursor:
         self._peek: tuple[float, Any] | None = None  # the next step's plan, kept while it waits for an arrival
         self._dec_held = 0  # what the last `_decode` with drafts left: blocks held, the finished (`_mixed`)
         self._dec_left: list[int] = []
+        self.stop_done = False  # `advance` returns after a step with completions (a closed loop: `loop_piece`)
+        self.split_done = False  # a plain segment logs its step with completions apart (`_segment`)
         self._open()
 
     @staticmethod
@@ -250,6 +253,8 @@ class Cursor:
                 return True
             if got == HARD:
                 return False
+            if self.stop_done and self.gone and self.gone[-1][0] == self.t:
+                return True  # (completions at t: a closed loop's sends)
         return True
 
     def waits(self, a: float) -> bool:
@@ -343,12 +348,13 @@ class Cursor:
         return parts, adm, free
 
     def _waiting_at(self, end: float) -> int:
-        """Requests sent here and not admitted, by the end of a step at `end`."""
-        w = 0
-        for _, arrived in self.pending:
-            if arrived > end:
+        """Requests sent here and not admitted, by the end of a step at `end` (those not arrived
+        by then are at the tail: `pending` is in arrival order; a long queue is not walked)."""
+        w = len(self.pending)
+        for _, arrived in reversed(self.pending):
+            if arrived <= end:
                 break
-            w += 1
+            w -= 1
         return w
 
     def _mixed(self, a: float, end_bound: float) -> int:
@@ -587,6 +593,7 @@ class Cursor:
         k_fixed, qvs = self._k_fixed, self._qv
         pend = self.pending
         max_seqs, idx, num_blocks = self.max_seqs, self.idx, self.num_blocks
+        stop = self.stop_done
         t = self.t
         act = self.active
         while True:
@@ -628,7 +635,7 @@ class Cursor:
             self.t = t = end
             # `advance`'s choice for the next step: this one again unless the arrival at a is
             # reached, the replica empties, or a request has arrived for a free slot
-            if t >= a or not act or (pend and pend[0][1] <= t and len(act) < max_seqs):
+            if t >= a or not act or (pend and pend[0][1] <= t and len(act) < max_seqs) or (left and stop):
                 return DONE
 
 
@@ -788,7 +795,9 @@ class PlainCursor(Cursor):
         self.ctx += n * k
         self._finish(end)
         used = self.num_blocks - self.free
-        if end >= arrive:  # a request arrives during its last step: that step's row apart
+        # a request arrives during its last step, or a completion at its end sends requests that
+        # wait at once (a closed loop without frontend latency, `loop_piece`): that step's row apart
+        if end >= arrive or (self.split_done and k == m):
             if k > 1:
                 self.rows.append(rep._run_row(t, k - 1, d0, slope, n, ctx0, used0 + but_last,
                                                    self._waiting_at(t + (x1 + y1))))
@@ -1016,3 +1025,64 @@ class RackPlanner:
                         self.pieces[r].append(p)
             self.frozen[r] = None
             self.outs[r] = [o for o in self.outs[r] if o.end_s > a]
+
+
+def loop_piece(rep: Replica) -> tuple[Piece, SendFeed] | None:
+    """The next steps of a replica serving a closed loop alone (`Replica._absorbs`: it plans the
+    loop's sends itself, `SendFeed`), planned by a cursor as one piece: what the one-replica runs
+    (`Replica._absorbing_run`, `Replica._spec_steps_run`) leave to the ordinary step, partial
+    prefills and chunked admissions included, by the same rules (`Cursor.advance`).
+
+    Each completion sends the table's next request at once (`sim.run.ClosedLoop`): it waits for
+    the next step without a frontend latency (the step that completed counts it waiting, as the
+    ordinary step logs its queue after its completions), or reaches the queue that latency later.
+    So every send that reaches the queue during a step is known before the step is planned (a
+    send comes from a completion, at an earlier step's end): the cursor plans up to the next one
+    not yet reached, stopping at each completion to send. The piece ends before a step it cannot
+    plan (the ordinary step takes it: a preemption, nothing fits, the horizon), before a step
+    ending within NEAR of a send reaching the queue (which comes first is SimPy's event order), where the
+    replica goes idle, at the completion that finds the table sent out (`SendFeed.exhausted`:
+    the run's end is watched in the engine), or after LOOP_STEPS steps. None when it plans no
+    step."""
+    if not Cursor.joinable(rep):
+        return None
+    fb = rep.fuse
+    assert fb is not None
+    now = rep.env.now
+    c: Cursor = Cursor(rep, now) if rep.rt.spec is not None else PlainCursor(rep, now)
+    if c.t == math.inf:
+        return None
+    feed = SendFeed(rep.reqs.closed)
+    c.stop_done, c.split_done = True, feed.f <= 0
+    fly = deque(zip(feed.times, feed.rids, strict=True))  # sends on their way to the queue, in order
+    pend = c.pending
+    end_bound = fb.horizon_s
+    while c.p_steps < LOOP_STEPS:
+        t = c.t
+        a = bound = tol = math.inf
+        if fly:
+            a = fly[0][0]
+            tol = NEAR * (a if a > 1.0 else 1.0)
+            bound = a - tol
+            if bound <= t + NEAR * (t if t > 1.0 else 1.0):
+                break  # a send reaches the queue at the step boundary t
+        g = len(c.gone)
+        if not c.advance(bound, end_bound, fb) or c.t == math.inf:
+            break  # the step at t is the ordinary step's, or the replica is idle
+        if len(c.gone) > g:  # completions at c.t (the last step planned): as many sends
+            n0 = len(feed.times)
+            ready: list[int] = []
+            waits = feed.complete(c.t, c.gone[-1][1], ready)
+            if waits:  # (no frontend latency: waiting from now)
+                pend.extend([(rid, c.t) for rid in ready])
+                row = c.rows[-1]
+                c.rows[-1] = (*row[:10], row[10] + waits, *row[11:])
+            fly.extend(zip(feed.times[n0:], feed.rids[n0:], strict=True))
+            if feed.exhausted:
+                break
+        elif fly and c.wait_t == c.t and c.wait_end > a + tol:
+            pend.append(fly.popleft()[::-1])  # it reaches the queue during the step at t (not admitted by it)
+        else:
+            break  # that step ends within NEAR of the send's arrival
+    piece = c.close()
+    return None if piece is None else (piece, feed)

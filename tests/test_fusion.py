@@ -239,12 +239,12 @@ def run_counter(monkeypatch):
 
     piece_run = engine.Replica._run_piece
 
-    def pieces(self, piece):  # a piece of the rack's joint plan (least outstanding, sim/joint.py)
+    def pieces(self, piece, feed=None):  # a piece of the rack's joint plan (least outstanding) or a closed loop's (sim/joint.py)
         waiting = set(self.waiting)
         at_start = sum(rid in waiting for rid, _ in piece.admitted)
         seen.append({"pieces": len(piece.rows), "inside": sum(c for t, c in piece.gone if t < piece.end_s),
                      "at_start": at_start, "during": len(piece.admitted) - at_start})
-        return (yield from piece_run(self, piece))
+        return (yield from piece_run(self, piece, feed))
 
     monkeypatch.setattr(engine.Replica, "_fused_run", counted)
     monkeypatch.setattr(engine.Replica, "_plan_absorbing", planned)
@@ -438,10 +438,10 @@ def test_speculative_runs_go_on_through_completions_only_where_nothing_reacts(
     counting("_spec_steps_run")
     piece_run = engine.Replica._run_piece
 
-    def piece_counted(self, piece):
+    def piece_counted(self, piece, feed=None):
         seen["inside"] += sum(c for t, c in piece.gone if t < piece.end_s)
         seen["runs"] += 1
-        return (yield from piece_run(self, piece))
+        return (yield from piece_run(self, piece, feed))
 
     monkeypatch.setattr(engine.Replica, "_run_piece", piece_counted)
     monkeypatch.setattr(engine.Replica, "_plan_spec_segment", planned)
@@ -885,3 +885,55 @@ def test_the_router_checks_the_joint_plans_routing(make_scenario, monkeypatch) -
     monkeypatch.setattr(run, "_route", contrary)
     with pytest.raises(AssertionError, match="the joint plan routed it to replica"):
         simulate(sc, 1)
+
+
+_LONG_PROMPTS = {"dist": "lognormal", "median": 1500, "p90": 4000}  # most longer than the budget: chunked
+
+
+@pytest.mark.parametrize(("engine", "spec", "kv_tokens"), [
+    ("vllm-v1", None, None), ("trtllm", None, None), ("vllm-v1", _DRAFT, None),
+    ("trtllm", {"method": "eagle", "num_speculative_tokens": 3, "policy": "adaptive"}, None),
+    ("vllm-v1", {"method": "eagle", "num_speculative_tokens": 3}, 24_000),
+])
+def test_closed_loop_chunked_prefills_are_planned_by_a_cursor(make_scenario, monkeypatch, engine: str,
+                                                             spec: dict[str, Any] | None, kv_tokens: int | None) -> None:
+    """A closed loop of one replica whose prompts are chunked (partial prefills in most steps: the
+    capacity ladders' populations near the collapse) is planned by a cursor (`sim.joint.loop_piece`),
+    its sends made at its completions, reaching the queue after the frontend's latency (vLLM) or
+    at once (TensorRT-LLM), under KV pressure too (preemption is the ordinary step's): the request
+    table, the summary and the step table are the unfused engine's, and the cursor planned most
+    steps."""
+    from models.catalog import get_gpu
+    from sim import joint
+
+    planned = {"pieces": 0, "steps": 0}
+    inner = joint.loop_piece
+
+    def counted(rep):
+        got = inner(rep)
+        if got is not None:
+            planned["pieces"] += 1
+            planned["steps"] += got[0].steps
+        return got
+
+    monkeypatch.setattr(joint, "loop_piece", counted)
+    deployment: dict[str, Any] = {"engine": engine, "max_num_batched_tokens": 512}
+    if kv_tokens:
+        plan = build_runtime(make_scenario()).plan
+        need = plan.weight_bytes + plan.activation_bytes + plan.runtime_bytes + plan.extra_bytes
+        deployment["gpu_memory_utilization"] = round((need + kv_tokens * plan.kv_bytes_per_token) / get_gpu("h100-sxm").hbm_bytes, 6)
+    sc = make_scenario(deployment=deployment, **({"speculative": spec} if spec else {}),
+                       workload={"arrival": "closed", "concurrency": 24, "num_requests": 160, "rate_rps": None,
+                                 "duration_s": 60.0, "warmup_s": 5.0, "prompt_tokens": _LONG_PROMPTS},
+                       sim={"drain_s": 1e4})
+    on, off = _both(sc)
+    _same_requests(off.requests, on.requests)
+    assert not _close({k: v for k, v in off.summary.items() if k != "scenario"},
+                      {k: v for k, v in on.summary.items() if k != "scenario"})
+    _same_steps(off.steps, on.steps)
+    assert planned["steps"] >= 0.5 * len(off.steps), (planned, len(off.steps))
+    if kv_tokens:
+        assert off.summary["preemptions"] > 0
+    if spec:
+        _same_kv(off.steps, on.steps)
+        assert on.requests.verify_steps.sum() > 0
