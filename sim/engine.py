@@ -579,6 +579,7 @@ class Replica:
         self._gone_t: list[float] = []
         self._gone_n: list[int] = [0]
         self._taken: list[float] = []  # a fused run in flight: the start of each admission inside it
+        self._loop_hard = False  # a closed loop's piece ended before a step the ordinary step must take
         self._step_parts: dict[tuple[int, int, bool], Any] = {}  # `_spec_step`'s cached terms
         self._parents_k: dict[int, list[float]] = {}  # `_parents`
         self.rack: RackPlanner | None = None  # least outstanding over several replicas: planned jointly (sim/joint.py)
@@ -1046,6 +1047,7 @@ class Replica:
                 yield self.wakeup
                 self.idle = False
             joint = False  # this step is the joint plan's (it could not plan it: reported as ordinary)
+            loop_hard, self._loop_hard = self._loop_hard, False  # (read at the boundary right after that piece)
             if rack is not None:
                 piece = rack.boundary(self)
                 if piece is not None:
@@ -1077,7 +1079,7 @@ class Replica:
                     if done_steps:
                         decode_left = (decode_left - done_steps) % rt.scheduler_steps
                         continue
-                if loops:  # (a closed loop's partial prefills and chunked admissions: a cursor plans them)
+                if loops and not loop_hard:  # (a closed loop's partial prefills and chunked admissions: a cursor plans them)
                     done_steps = yield from self._loop_run()
                     if done_steps:
                         continue
@@ -1955,7 +1957,8 @@ class Replica:
         got = loop_piece(self)
         if got is None:
             return 0
-        return (yield from self._run_piece(*got))
+        piece, feed, self._loop_hard = got  # (a cursor would stop at once at the next boundary: not tried there)
+        return (yield from self._run_piece(piece, feed))
 
     def _run_piece(self, piece: Piece, feed: SendFeed | None = None) -> Generator[simpy.Event, Any, int]:
         """A piece of the rack's joint plan (`sim.joint.Piece`), or of a closed loop's (with the

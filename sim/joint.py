@@ -28,6 +28,11 @@ its end, its count being its outstanding requests at the start plus those sent t
 rejoins at its next step boundary. An arrival at exactly a step boundary of a replica, or a backlog that could reach the
 limit, ends joint planning for the rest of the run (each replica plans alone again).
 
+A closed loop of one replica is planned by a cursor too (`loop_piece`): its sends are made at its
+completions and reach the queue after the frontend's latency, so they are known before any step
+they could reach is planned; the replica's own runs plan what they can and the cursor the rest
+(partial prefills, chunked admissions), so the capacity ladders leave the ordinary step.
+
 Each replica executes its planned steps as pieces (`Piece`, one SimPy timeout each, ending exactly
 at the planned time) and applies them when the timeout fires, as `Replica._absorbing_run` applies
 a run; the arrival process keeps routing requests itself (by `Replica.outstanding`, which a piece
@@ -112,7 +117,8 @@ class Cursor:
             self.VEM: list[int] = rep.n_vemit[:n].tolist()
         self.active = list(range(n))
         self.partials = [e for e in range(n) if self.C[e] < self.TGT[e]]
-        self.pending: deque[tuple[int, float]] = deque((rid, -math.inf) for rid in rep.waiting)
+        # (built in C: a closed loop's queue holds most of its clients, and a cursor may plan few steps)
+        self.pending: deque[tuple[int, float]] = deque(zip(rep.waiting, itertools.repeat(-math.inf)))
         self.free = rep.free_blocks
         self.held = sum([(c + (B - 1)) // B for c in self.C])
         self.ctx = sum([self.C[e] for e in self._decoders()])  # the decoding sequences' contexts
@@ -1027,7 +1033,7 @@ class RackPlanner:
             self.outs[r] = [o for o in self.outs[r] if o.end_s > a]
 
 
-def loop_piece(rep: Replica) -> tuple[Piece, SendFeed] | None:
+def loop_piece(rep: Replica) -> tuple[Piece, SendFeed, bool] | None:
     """The next steps of a replica serving a closed loop alone (`Replica._absorbs`: it plans the
     loop's sends itself, `SendFeed`), planned by a cursor as one piece: what the one-replica runs
     (`Replica._absorbing_run`, `Replica._spec_steps_run`) leave to the ordinary step, partial
@@ -1042,8 +1048,9 @@ def loop_piece(rep: Replica) -> tuple[Piece, SendFeed] | None:
     plan (the ordinary step takes it: a preemption, nothing fits, the horizon), before a step
     ending within NEAR of a send reaching the queue (which comes first is SimPy's event order), where the
     replica goes idle, at the completion that finds the table sent out (`SendFeed.exhausted`:
-    the run's end is watched in the engine), or after LOOP_STEPS steps. None when it plans no
-    step."""
+    the run's end is watched in the engine), or after LOOP_STEPS steps. Returns the piece, its
+    sends and whether it ended before a step the ordinary step must take (a cursor built at the
+    piece's end would stop there at once); None when it plans no step."""
     if not Cursor.joinable(rep):
         return None
     fb = rep.fuse
@@ -1057,6 +1064,7 @@ def loop_piece(rep: Replica) -> tuple[Piece, SendFeed] | None:
     fly = deque(zip(feed.times, feed.rids, strict=True))  # sends on their way to the queue, in order
     pend = c.pending
     end_bound = fb.horizon_s
+    hard = False
     while c.p_steps < LOOP_STEPS:
         t = c.t
         a = bound = tol = math.inf
@@ -1067,8 +1075,11 @@ def loop_piece(rep: Replica) -> tuple[Piece, SendFeed] | None:
             if bound <= t + NEAR * (t if t > 1.0 else 1.0):
                 break  # a send reaches the queue at the step boundary t
         g = len(c.gone)
-        if not c.advance(bound, end_bound, fb) or c.t == math.inf:
-            break  # the step at t is the ordinary step's, or the replica is idle
+        if not c.advance(bound, end_bound, fb):
+            hard = True
+            break  # the step at t is the ordinary step's
+        if c.t == math.inf:
+            break  # the replica is idle
         if len(c.gone) > g:  # completions at c.t (the last step planned): as many sends
             n0 = len(feed.times)
             ready: list[int] = []
@@ -1085,4 +1096,4 @@ def loop_piece(rep: Replica) -> tuple[Piece, SendFeed] | None:
         else:
             break  # that step ends within NEAR of the send's arrival
     piece = c.close()
-    return None if piece is None else (piece, feed)
+    return None if piece is None else (piece, feed, hard)
