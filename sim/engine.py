@@ -158,7 +158,9 @@ def decode_one(C: list[int], R: list[int], entries: list[int]) -> tuple[int, lis
 
 def exact_delay(now: float, end_s: float) -> float:
     """A delay that SimPy adds to `now` to land exactly on `end_s` (end_s - now may miss it by an
-    ulp): a planned piece ends at the very time its plan counted with (`sim.joint`)."""
+    ulp): a planned piece ends at the very time its plan counted with (`sim.joint`). None exists
+    when end_s is over twice now and falls between the sums of now and two neighbouring delays
+    (`Replica._run_piece` then lands within a factor 2 of it first)."""
     d = end_s - now
     for _ in range(8):
         s = now + d
@@ -166,6 +168,17 @@ def exact_delay(now: float, end_s: float) -> float:
             break
         d = math.nextafter(d, math.inf if s < end_s else -math.inf)
     return d
+
+
+def land_at(env: simpy.Environment, end_s: float) -> Generator[simpy.Event, Any, None]:
+    """Timeouts that end exactly at `end_s`: one (`exact_delay`), or, where no single delay lands
+    on it (end_s over twice now, between two rounded sums), one to within a factor 2 of it first,
+    from where end_s - now is exact (Sterbenz) and lands."""
+    d = exact_delay(env.now, end_s)
+    if env.now + d != end_s:
+        yield env.timeout(0.75 * end_s - env.now)
+        d = end_s - env.now
+    yield env.timeout(d)
 
 
 class StepLog:
@@ -1368,7 +1381,7 @@ class Replica:
         # `_fused_run` shows them: with one replica or round robin no router reads it); the
         # admissions are, to `queued` (the backlog limit counts the requests waiting)
         self._taken = [start for _, start, _ in admitted]
-        yield self.env.timeout(end_s - self.env.now)
+        yield from land_at(self.env, end_s)  # (the end its plan counted with)
         self._taken = []
         reqs = self.reqs
         self._take_admitted(admitted, feed)
@@ -1970,7 +1983,7 @@ class Replica:
         self._gone_t = [t for t, _ in piece.gone]
         self._gone_n = list(itertools.accumulate((c for _, c in piece.gone), initial=0))
         self._taken = piece.taken
-        yield env.timeout(exact_delay(env.now, piece.end_s))
+        yield from land_at(env, piece.end_s)
         self._gone = []
         self._gone_t = []
         self._taken = []
@@ -2033,7 +2046,7 @@ class Replica:
         end_s, steps, rows, done, admitted, ent, free, feed, gone = plan
         self._taken = [start for _, start, _ in admitted]
         self._gone = gone
-        yield self.env.timeout(end_s - self.env.now)
+        yield from land_at(self.env, end_s)  # (the end its plan counted with)
         self._taken = []
         self._gone = []
         reqs = self.reqs

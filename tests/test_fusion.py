@@ -937,3 +937,27 @@ def test_closed_loop_chunked_prefills_are_planned_by_a_cursor(make_scenario, mon
     if spec:
         _same_kv(off.steps, on.steps)
         assert on.requests.verify_steps.sum() > 0
+
+
+def test_a_piece_lands_exactly_on_its_planned_end() -> None:
+    """A planned piece ends at the very time its plan counted with, also where no single delay
+    from its start lands there (an end over twice the start: found in a capacity ladder's closed
+    loop, whose step after the piece then started an ulp early and changed the measured window)."""
+    import simpy
+
+    from sim.engine import exact_delay, land_at
+
+    now, end = 207.76923486634578, 481.544920427719
+    assert now + exact_delay(now, end) != end  # (one timeout cannot)
+    rng = np.random.default_rng(5)
+    pairs = [(now, end)] + [(float(a), float(a + b)) for a, b in zip(rng.uniform(0, 500, 300), rng.uniform(0, 5000, 300), strict=True)]
+    for start, stop in pairs:
+        env = simpy.Environment()
+
+        def proc(env=env, start=start, stop=stop):
+            yield env.timeout(start)
+            yield from land_at(env, stop)
+
+        env.run(env.process(proc()))
+        assert env.now == stop, (start, stop, env.now)
+
