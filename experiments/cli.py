@@ -232,6 +232,9 @@ def _print_benchmark(s: dict[str, Any]) -> None:
 def _bench(a: argparse.Namespace) -> int:
     from experiments.bench import run_bench
 
+    bad = sorted(set(a.fusion) - set("abc"))
+    if bad:
+        raise ConfigError(f"--fusion takes workload letters a, b and c run together (e.g. --fusion ab), got {a.fusion!r}")
     out = run_bench(quick=a.quick, fusion=a.fusion)
     print(json.dumps(out, indent=2))
     return 0

@@ -287,3 +287,9 @@ def test_entry_point_one_line_error(tmp_path: Path) -> None:
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2
     assert "rerun `vllm bench serve` with --save-detailed" in one_line_error(p.stderr)
+
+
+def test_bench_fusion_letters_other_than_abc_are_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--fusion", "a,b"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--fusion" in err and "--fusion ab" in err
