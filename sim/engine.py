@@ -160,7 +160,7 @@ def exact_delay(now: float, end_s: float) -> float:
     """A delay that SimPy adds to `now` to land exactly on `end_s` (end_s - now may miss it by an
     ulp): a planned piece ends at the very time its plan counted with (`sim.joint`). None exists
     when end_s is over twice now and falls between the sums of now and two neighbouring delays
-    (`Replica._run_piece` then lands within a factor 2 of it first)."""
+    (`land_at` then lands within a factor 2 of it first)."""
     d = end_s - now
     for _ in range(8):
         s = now + d
@@ -1975,7 +1975,8 @@ class Replica:
 
     def _run_piece(self, piece: Piece, feed: SendFeed | None = None) -> Generator[simpy.Event, Any, int]:
         """A piece of the rack's joint plan (`sim.joint.Piece`), or of a closed loop's (with the
-        sends it planned, `feed`: `sim.joint.loop_piece`): its steps in one timeout, applied at
+        sends it planned, `feed`: `sim.joint.loop_piece`): its steps in one timeout (two where one
+        cannot land on its end: `land_at`), applied at
         its end as a run admitting arrivals is (`_spec_steps_run`); returns its steps."""
         env = self.env
         assert abs(piece.start_s - env.now) <= 1e-9 * max(1.0, env.now), (piece.start_s, env.now)

@@ -816,6 +816,12 @@ class PlainCursor(Cursor):
         return DONE
 
 
+def cursor_for(rep: Replica, t: float) -> Cursor:
+    """A replica's cursor from its state at t: speculative steps one by one, or plain decode in
+    closed form (`PlainCursor`)."""
+    return Cursor(rep, t) if rep.rt.spec is not None else PlainCursor(rep, t)
+
+
 @dataclass
 class Out:
     """An ordinary step of a replica the planner does not follow, from `start_s` to `end_s`: its
@@ -877,13 +883,13 @@ class RackPlanner:
             self.j = self.fuse.next_index
             for s in self.replicas:
                 if s.idx != r and s.n_running == 0 and not s.waiting:
-                    self.cursors[s.idx] = self._cursor(s, now)
+                    self.cursors[s.idx] = cursor_for(s, now)
         if self.cursors[r] is None:
             # rejoin from its state now, once the plan has routed every arrival the queues hold
             self._extend(r, catch_up=True)
             if self.broken or self.j < self.fuse.next_index or not Cursor.joinable(rep):
                 return None
-            self.cursors[r] = self._cursor(rep, now)
+            self.cursors[r] = cursor_for(rep, now)
         self._extend(r)
         return q.popleft() if q else None
 
@@ -918,15 +924,13 @@ class RackPlanner:
         """A replica waits for work from now: known again (empty) from now on."""
         r = rep.idx
         if not self.broken and self.cursors[r] is None and self.j >= 0 and not self.pieces[r]:
-            c = self.cursors[r] = self._cursor(rep, rep.env.now)
+            c = self.cursors[r] = cursor_for(rep, rep.env.now)
             later = [p for p in self.carry[r] if p[1] > c.since]
             self.carry[r] = []
             if later:  # (sent here by the plan, arriving later)
                 c.pending.extend(later)
                 c.wake(later[0][1])
 
-    def _cursor(self, rep: Replica, t: float) -> Cursor:
-        return Cursor(rep, t) if rep.rt.spec is not None else PlainCursor(rep, t)
 
     # ------------------------------------------------------------------ planning
     def _count(self, r: int, a: float) -> tuple[int, Cursor | Out] | None:
@@ -1056,7 +1060,7 @@ def loop_piece(rep: Replica) -> tuple[Piece, SendFeed, bool] | None:
     fb = rep.fuse
     assert fb is not None
     now = rep.env.now
-    c: Cursor = Cursor(rep, now) if rep.rt.spec is not None else PlainCursor(rep, now)
+    c = cursor_for(rep, now)
     if c.t == math.inf:
         return None
     feed = SendFeed(rep.reqs.closed)
