@@ -135,6 +135,11 @@ def efficiency_for(gpu: GPU, engine: str = DEFAULT_PROFILE) -> Efficiency:
     return _family_efficiency(gpu.family, engine)
 
 
+# `CostModel.decode_clock`: a run of at most this many steps is summed in scalars, a longer one by numpy
+DECODE_CLOCK_SCALAR = 64
+_STEPS = np.arange(1 << 13, dtype=np.float64)  # 0, 1, 2, ... (a fused run plans at most 4,096 steps at once)
+
+
 class CostModel:
     """Step-cost calculator for one deployment: model x formats x GPU x tensor parallelism.
 
@@ -402,6 +407,74 @@ class CostModel:
         over = self.pass_overhead_s + (e.step_overhead_s + e.seq_overhead_s * num_seqs if step_overhead
                                        else e.draft_pass_overhead_s)
         return np.where(np.asarray(tokens) > 0, lin + attn + comm + over, 0.0)
+
+    def decode_clock(self, num_seqs: int, context_tokens: float, t: float, steps: int) -> list[float] | np.ndarray:
+        """t and the running sums t + d_0, t + d_0 + d_1, ... (steps + 1 times) of plain decode
+        steps of `num_seqs` sequences, the first at context sum `context_tokens` and each next one
+        num_seqs tokens longer: d_j is `decode_s` bit for bit and the sums are taken in order, one
+        rounding per step, as a clock that adds each step's duration in turn (SimPy's). Its
+        operations are `decode_s`'s, the parts that depend on the batch only taken once; where the
+        same branch of the attention roofline wins at both ends by a margin no rounding closes
+        (their difference is affine in the context) only that branch is evaluated. A list in
+        scalars up to DECODE_CLOCK_SCALAR steps, an array by numpy beyond (in place: its per-call
+        cost dominates short runs)."""
+        n = num_seqs
+        if n <= 0 or self.window or steps < 1:
+            out = [t]
+            for j in range(steps):
+                out.append(out[-1] + self.decode_s(n, context_tokens + j * n))
+            return out
+        parts = self._decode_parts.get(n)
+        if parts is None:
+            parts = self._decode_parts[n] = self._decode_parts_of(n)
+        lin, kv_w, comm_s, overhead_s = parts
+        apf, peak, kvb, bw = self.attn_flops_per_pair, self._peak_attn, self.kv_bytes_per_token_gpu, self.bw
+        c0, c1 = context_tokens, context_tokens + (steps - 1) * n
+        gap0 = apf * (c0 + n) / peak - (kvb * c0 + kv_w) / bw
+        gap1 = apf * (c1 + n) / peak - (kvb * c1 + kv_w) / bw
+        tol = 1e-9 * (lin + comm_s + overhead_s + abs(gap0) + abs(gap1))
+        branch = 1 if (gap0 > tol and gap1 > tol) else -1 if (gap0 < -tol and gap1 < -tol) else 0
+        if steps <= DECODE_CLOCK_SCALAR:
+            out = [t]
+            s, c = t, c0
+            if branch < 0:  # memory-bound at every step (decode's usual case)
+                for _ in range(steps):
+                    s = s + (lin + (kvb * c + kv_w) / bw + comm_s + overhead_s)
+                    out.append(s)
+                    c = c + n
+            elif branch > 0:
+                for _ in range(steps):
+                    s = s + (lin + apf * (c + n) / peak + comm_s + overhead_s)
+                    out.append(s)
+                    c = c + n
+            else:
+                for _ in range(steps):
+                    a, b = apf * (c + n) / peak, (kvb * c + kv_w) / bw
+                    s = s + (lin + (a if a > b else b) + comm_s + overhead_s)
+                    out.append(s)
+                    c = c + n
+            return out
+        ctx = (_STEPS[:steps] if steps <= _STEPS.size else np.arange(steps, dtype=np.float64)) * n
+        ctx += context_tokens
+        if branch < 0:
+            ctx *= kvb
+            ctx += kv_w
+            ctx /= bw
+            attn = ctx
+        elif branch > 0:
+            ctx += n
+            ctx *= apf
+            ctx /= peak
+            attn = ctx
+        else:
+            attn = np.maximum(apf * (ctx + n) / peak, (kvb * ctx + kv_w) / bw)
+        st = np.empty(steps + 1, dtype=np.float64)
+        st[0] = t
+        d = st[1:]
+        np.add(lin, attn, out=d)
+        d += comm_s
+        d += overhead_s
+        return np.cumsum(st, out=st)
 
     def decode_s(self, num_seqs: int, context_tokens: float) -> float:
         """The duration of a plain decode step (one new token per sequence): `step_sums` itself,

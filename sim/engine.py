@@ -104,6 +104,7 @@ class RunSegment(NamedTuple):
     new_blocks_but_last: int
     leaving: int = 0  # sequences finishing at its end, when the run goes on after it
     stay: np.ndarray | None = None  # ... and which stay (known from the plan; else found at its end)
+    last_start_s: float = math.nan  # when its last step starts (the unfused engine's clock)
 
 
 class SpecSegment(NamedTuple):
@@ -154,6 +155,17 @@ def decode_one(C: list[int], R: list[int], entries: list[int]) -> tuple[int, lis
             left.append(e)
         held += (c + (BLOCK_SIZE - 1)) // BLOCK_SIZE
     return held, left
+
+
+def decode_starts(cost: Any, t: float, n: int, ctx0: float, m: int) -> Sequence[float]:
+    """The clock of m plain decode steps of n sequences from t, the first at context sum ctx0 and
+    each next one n tokens longer: the start of each step and the end of the last (m + 1 times),
+    as the unfused engine's clock has them. SimPy adds each step's duration to its clock in turn,
+    so they are the running sums t + d_0 + d_1 + ..., rounded once per step, each duration
+    `CostModel.decode_s` bit for bit (`CostModel.decode_clock`: a list, or an array for a long
+    run; sorted either way). A closed form t + j d0 + slope j (j - 1) / 2 rounds once instead,
+    and drifts tens of ulps off the unfused clock in a few hundred steps."""
+    return cost.decode_clock(n, ctx0, t, m)
 
 
 def exact_delay(now: float, end_s: float) -> float:
@@ -1539,20 +1551,14 @@ class Replica:
                         break
                 last = mm - 1
                 slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
-                # the last step starts before the bound, the segment ends before the end bound (the
-                # expressions and float order of `_plan_segment`'s start(j) and end_s)
-                k = mm
-                while k >= min_steps:
-                    a1, b1 = (k - 1) * d0, slope * ((k - 1) * (k - 2) / 2.0)
-                    if t + a1 + b1 < bound:
-                        a, b = k * d0, slope * (k * (k - 1) / 2.0)
-                        if t + a + b < end_bound:
-                            break
-                    k -= 1
+                # the last step starts before the bound, the segment ends before the end bound, on the
+                # unfused engine's clock (`decode_starts`)
+                st = decode_starts(cost, t, n, ctx0, mm)
+                k = min(bisect.bisect_left(st, bound, 0, mm), bisect.bisect_left(st, end_bound, 1, mm + 1) - 1)
                 if k < min_steps:
                     break
-                split = t + a + b >= bound
-                end = t + (a + b)
+                end = float(st[k])
+                split = end >= bound
                 new_blocks = (k // B) * n + first[k % B]
                 used0 = num_blocks - free
                 but_last = ((k - 1) // B) * n + first[(k - 1) % B]
@@ -1579,7 +1585,7 @@ class Replica:
                             pending[a0:] = [feed.rids[x] for x in pending[a0:]]
                     if k > 1:
                         rows.append(self._run_row(t_prev, k - 1, d0, slope, n_seg, ctx0, used0 + but_last, 0))
-                    rows.append(self._run_row(t_prev + (a1 + b1), 1, d0 + (k - 1) * slope, 0.0, n_seg,
+                    rows.append(self._run_row(float(st[k - 1]), 1, d0 + (k - 1) * slope, 0.0, n_seg,
                                               ctx0 + (k - 1) * n_seg, used, -1 if stop else waits + sends))
                 else:
                     rows.append(self._run_row(t_prev, k, d0, slope, n_seg, ctx0, used, sends))
@@ -1765,24 +1771,20 @@ class Replica:
                     return None
         last = m - 1
         slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
-
-        # steps starting before the bound (the last may end after it), the segment ending before the horizon
-        def start(j: int) -> float:
-            return t + j * d0 + slope * (j * (j - 1) / 2.0)
-
-        k = m
-        while k >= min_steps and (start(k - 1) >= bound or start(k) >= end_bound):
-            k -= 1
+        # steps starting before the bound (the last may end after it), the segment ending before the
+        # horizon, on the unfused engine's clock
+        st = decode_starts(cost, t, n, ctx0, m)
+        k = min(bisect.bisect_left(st, bound, 0, m), bisect.bisect_left(st, end_bound, 1, m + 1) - 1)
         if k < min_steps:
             return None
         after = c + k
         ba = (after + (BLOCK_SIZE - 1)) // BLOCK_SIZE
-        split = start(k) >= bound
+        split = bool(st[k] >= bound)
         # blocks held after the first k - 1 steps (the row of a split segment's first part; a finishing
         # one may be split too: `_fused_run`)
         but_last = int(((after + (BLOCK_SIZE - 2)) // BLOCK_SIZE).sum()) - held if split or k == finish else 0
-        return RunSegment(k, d0, slope, split, ctx0, k == finish, t, t + (k * d0 + slope * (k * (k - 1) / 2.0)),
-                          after, ba, int(ba.sum()) - held, but_last)
+        return RunSegment(k, d0, slope, split, ctx0, k == finish, t, float(st[k]), after, ba, int(ba.sum()) - held,
+                          but_last, last_start_s=float(st[k - 1]))
 
     def _fused_run(self, segs: list[RunSegment]) -> Generator[simpy.Event, Any, int]:
         """Advance a planned run's segments in one timeout, then apply them in order: contexts,
@@ -1792,7 +1794,7 @@ class Replica:
         waiting = len(self.waiting)  # nothing reaches the replica before the last step starts
         num_blocks = self.rt.plan.num_blocks
         self._gone = [(seg.end_s, seg.leaving) for seg in segs if seg.leaving]
-        yield env.timeout(segs[-1].end_s - env.now)
+        yield from land_at(env, segs[-1].end_s)
         self._gone = []
         steps = 0
         for seg in segs:
@@ -1816,8 +1818,7 @@ class Replica:
                 if k > 1:
                     self._log_run(seg.start_s, k - 1, seg.d0, seg.slope, n, seg.ctx0,
                                   used0 + seg.new_blocks_but_last, waiting)
-                last = (k - 1) * seg.d0 + seg.slope * ((k - 1) * (k - 2) / 2.0)
-                self._log_run(seg.start_s + last, 1, seg.d0 + (k - 1) * seg.slope, 0.0, n, seg.ctx0 + (k - 1) * n,
+                self._log_run(seg.last_start_s, 1, seg.d0 + (k - 1) * seg.slope, 0.0, n, seg.ctx0 + (k - 1) * n,
                               used_blocks, len(self.waiting))
             else:
                 self._log_run(seg.start_s, k, seg.d0, seg.slope, n, seg.ctx0, used_blocks, waiting)
@@ -1913,10 +1914,9 @@ class Replica:
                 segs.append(seg)
                 if not seg.finishing:
                     break
-        start = env.now
         waiting = len(self.waiting)
         self._gone = [(g.end_s, g.leaving) for g in segs if g.leaving]
-        yield env.timeout(segs[-1].end_s - start)
+        yield from land_at(env, segs[-1].end_s)
         self._gone = []
         num_blocks = rt.plan.num_blocks
         steps_all = 0

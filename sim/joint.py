@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from models.memory import BLOCK_SIZE
-from sim.engine import NEAR, SendFeed, decode_one
+from sim.engine import NEAR, SendFeed, decode_one, decode_starts
 from sim.fleet import LIVE
 
 if TYPE_CHECKING:
@@ -778,20 +778,13 @@ class PlainCursor(Cursor):
                 return HARD  # it would preempt
         last = mm - 1
         slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
-        # the expressions and float order of `_plan_segment`'s start(j) and end
-        k = mm
-        x = y = x1 = y1 = 0.0
-        while k >= 1:
-            x1, y1 = (k - 1) * d0, slope * ((k - 1) * (k - 2) / 2.0)
-            if t + x1 + y1 < sb:
-                x, y = k * d0, slope * (k * (k - 1) / 2.0)
-                if t + x + y < el:
-                    break
-            k -= 1
+        # on the unfused engine's clock (`decode_starts`, as `_plan_segment`)
+        st = decode_starts(cost, t, n, ctx0, mm)
+        k = min(bisect.bisect_left(st, sb, 0, mm), bisect.bisect_left(st, el, 1, mm + 1) - 1)
         if k < 1:  # its first step ends at or after a (it waits for the arrival's routing), or past the end bound
             self.wait_end = t + d0
             return HARD if t + d0 >= end_bound else WAIT
-        end = t + (x + y)
+        end = float(st[k])
         used0 = self.num_blocks - free
         but_last = ((k - 1) // B) * n + first[(k - 1) % B]
         new_blocks = (k // B) * n + first[k % B]
@@ -806,8 +799,8 @@ class PlainCursor(Cursor):
         if end >= arrive or (self.split_done and k == m):
             if k > 1:
                 self.rows.append(rep._run_row(t, k - 1, d0, slope, n, ctx0, used0 + but_last,
-                                                   self._waiting_at(t + (x1 + y1))))
-            self.rows.append(rep._run_row(t + (x1 + y1), 1, d0 + (k - 1) * slope, 0.0, n, ctx0 + (k - 1) * n,
+                                                   self._waiting_at(float(st[k - 1]))))
+            self.rows.append(rep._run_row(float(st[k - 1]), 1, d0 + (k - 1) * slope, 0.0, n, ctx0 + (k - 1) * n,
                                                used, self._waiting_at(end)))
         else:
             self.rows.append(rep._run_row(t, k, d0, slope, n, ctx0, used, self._waiting_at(end)))
@@ -859,11 +852,12 @@ class RackPlanner:
         # requests the plan sent to a replica whose cursor it then dropped, arriving after the drop: they
         # count for its next ordinary step (`ordinary`)
         self.carry: list[list[tuple[int, float]]] = [[] for _ in range(r)]
-        # the arrival process's event times: now + (t - now) from the previous event (`sim.run._arrivals`)
+        # the arrival process's event times: now + (t - now) from the previous event (`sim.run._arrivals`),
+        # again while that lands short of t (an ulp short when t - now rounds down: it waits once more)
         ev: list[float] = []
         now = 0.0
         for t in fuse.times():
-            if t > now:
+            while t > now:
                 now = now + (t - now)
             ev.append(now)
         self.event_s = ev

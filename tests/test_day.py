@@ -155,7 +155,7 @@ def test_autoscaled_day_is_exact_under_fusion_and_deterministic(replica_cap: flo
     assert int((fused.steps["count"] > 1).sum()) > 0  # fusion did happen
     assert fused.summary["replicas_peak"] == 2 and fused.summary["replicas_mean"] < 2
     cols = ["arrival_s", "first_token_s", "completion_s", "replica"]
-    pd.testing.assert_frame_equal(fused.requests[cols], plain.requests[cols], check_exact=False, rtol=1e-12)
+    pd.testing.assert_frame_equal(fused.requests[cols], plain.requests[cols], check_exact=True)
     pd.testing.assert_frame_equal(fused.intervals, plain.intervals, check_exact=False, rtol=1e-9)
     pd.testing.assert_frame_equal(fused.requests, again.requests)
     # GPU-hours are the replicas running integrated over the day, interval by interval
@@ -290,5 +290,5 @@ def test_round_robin_queue_autoscaling_is_exact_under_fusion(replica_cap: float)
     plain = simulate(scenario_from_dict({**data, "sim": {**data["sim"], "fuse_steps": False}}), 3)
     assert int((fused.steps["count"] > 1).sum()) > 0 and fused.summary["replicas_peak"] >= 2
     cols = ["arrival_s", "first_token_s", "completion_s", "replica"]
-    pd.testing.assert_frame_equal(fused.requests[cols], plain.requests[cols], check_exact=False, rtol=1e-12)
+    pd.testing.assert_frame_equal(fused.requests[cols], plain.requests[cols], check_exact=True)
     pd.testing.assert_frame_equal(fused.intervals, plain.intervals, check_exact=False, rtol=1e-9)

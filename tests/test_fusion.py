@@ -1,6 +1,8 @@
 """Step fusion (`[sim] fuse_steps`): runs of pure decode steps advanced in one event must give
-what the unfused engine (the oracle) gives: the same request table (every timestamp within 1e-9
-relative), the same summary, and, expanded, the same step table."""
+what the unfused engine (the oracle) gives: the same request table, bit for bit (a fused run's
+clock is the unfused engine's running sum of step durations, `sim.engine.decode_starts`), the
+same summary (within 1e-9 relative: its step figures come from run-length rows in closed form),
+and, expanded, the same step table."""
 
 from __future__ import annotations
 
@@ -33,10 +35,11 @@ def _close(a: Any, b: Any, path: str = "") -> list[str]:
 
 
 def _same_requests(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    """The same request table, every timestamp bit for bit."""
     assert list(a.columns) == list(b.columns) and len(a) == len(b)
     for c in a.columns:
         x, y = a[c].to_numpy(np.float64), b[c].to_numpy(np.float64)
-        np.testing.assert_allclose(y, x, rtol=RTOL, atol=0, equal_nan=True, err_msg=c)
+        np.testing.assert_array_equal(y, x, err_msg=c)
 
 
 def _same_steps(unfused: pd.DataFrame, fused: pd.DataFrame) -> None:
@@ -961,3 +964,43 @@ def test_a_piece_lands_exactly_on_its_planned_end() -> None:
         env.run(env.process(proc()))
         assert env.now == stop, (start, stop, env.now)
 
+
+
+def test_a_fused_runs_clock_is_the_unfused_engines_running_sum() -> None:
+    """`CostModel.decode_clock` (a fused run's clock, `sim.engine.decode_starts`) gives the times
+    the unfused engine's clock takes, each step's `decode_s` added in turn (as SimPy adds a
+    timeout's delay), in scalars and by numpy, with memory-bound attention (decode's case),
+    compute-bound (an attention peak cut 100x) and the two branches within rounding of each
+    other (then both are evaluated); the closed form it replaced drifts off that clock (a fused
+    run used to end tens of ulps off, which a trend statistic near zero amplified)."""
+    import copy
+
+    from models.cost import DECODE_CLOCK_SCALAR
+
+    drift = 0
+    seen: set[str] = set()
+    for model, tp in (("llama-3.1-70b", 4), ("llama-3.1-8b", 1), ("qwen3-30b-a3b", 1)):
+        base = CostModel(model, "h100-sxm", tp)
+        tie = base.attn_flops_per_pair / (base.kv_bytes_per_token_gpu / base.bw) / (1 + 1e-13)
+        for kind, peak in (("memory", base._peak_attn), ("compute", base._peak_attn / 100), ("tie", tie)):
+            cm = copy.copy(base)
+            cm._decode_parts, cm._peak_attn = {}, peak
+            rng = np.random.default_rng(tp)
+            for n in (1, 7, 96, 700):
+                kv_w = cm._decode_parts_of(n)[1]
+                for c0 in (float(n), float(rng.integers(n, 3000 * n))):
+                    t = float(rng.uniform(10.0, 5000.0))
+                    for m in (1, DECODE_CLOCK_SCALAR, DECODE_CLOCK_SCALAR + 1, 700, 4096):
+                        d = [cm.decode_s(n, c0 + j * n) for j in range(m)]
+                        clock = [t]
+                        for x in d:
+                            clock.append(clock[-1] + x)
+                        assert list(cm.decode_clock(n, c0, t, m)) == clock, (model, kind, n, c0, m)
+                        d0, slope = d[0], (d[-1] - d[0]) / (m - 1) if m > 1 else 0.0
+                        drift += clock[-1] != t + (m * d0 + slope * (m * (m - 1) / 2.0))
+                        # which branch of the attention roofline wins, at both ends
+                        gaps = [cm.attn_flops_per_pair * (c + n) / peak - (cm.kv_bytes_per_token_gpu * c + kv_w) / cm.bw
+                                for c in (c0, c0 + (m - 1) * n)]
+                        seen.add("compute" if min(gaps) > 1e-9 * d0 else "memory" if max(gaps) < -1e-9 * d0 else "tie")
+    assert drift > 0  # (the closed form would pass only if it never differed)
+    assert seen == {"compute", "memory", "tie"}, seen
