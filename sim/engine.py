@@ -157,17 +157,6 @@ def decode_one(C: list[int], R: list[int], entries: list[int]) -> tuple[int, lis
     return held, left
 
 
-def decode_starts(cost: Any, t: float, n: int, ctx0: float, m: int) -> Sequence[float]:
-    """The clock of m plain decode steps of n sequences from t, the first at context sum ctx0 and
-    each next one n tokens longer: the start of each step and the end of the last (m + 1 times),
-    as the unfused engine's clock has them. SimPy adds each step's duration to its clock in turn,
-    so they are the running sums t + d_0 + d_1 + ..., rounded once per step, each duration
-    `CostModel.decode_s` bit for bit (`CostModel.decode_clock`: a list, or an array for a long
-    run; sorted either way). A closed form t + j d0 + slope j (j - 1) / 2 rounds once instead,
-    and drifts tens of ulps off the unfused clock in a few hundred steps."""
-    return cost.decode_clock(n, ctx0, t, m)
-
-
 def exact_delay(now: float, end_s: float) -> float:
     """A delay that SimPy adds to `now` to land exactly on `end_s` (end_s - now may miss it by an
     ulp): a planned piece ends at the very time its plan counted with (`sim.joint`). None exists
@@ -1552,8 +1541,8 @@ class Replica:
                 last = mm - 1
                 slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
                 # the last step starts before the bound, the segment ends before the end bound, on the
-                # unfused engine's clock (`decode_starts`)
-                st = decode_starts(cost, t, n, ctx0, mm)
+                # unfused engine's clock (`CostModel.decode_clock`)
+                st = cost.decode_clock(n, ctx0, t, mm)
                 k = min(bisect.bisect_left(st, bound, 0, mm), bisect.bisect_left(st, end_bound, 1, mm + 1) - 1)
                 if k < min_steps:
                     break
@@ -1773,7 +1762,7 @@ class Replica:
         slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
         # steps starting before the bound (the last may end after it), the segment ending before the
         # horizon, on the unfused engine's clock
-        st = decode_starts(cost, t, n, ctx0, m)
+        st = cost.decode_clock(n, ctx0, t, m)
         k = min(bisect.bisect_left(st, bound, 0, m), bisect.bisect_left(st, end_bound, 1, m + 1) - 1)
         if k < min_steps:
             return None

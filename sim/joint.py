@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from models.memory import BLOCK_SIZE
-from sim.engine import NEAR, SendFeed, decode_one, decode_starts
+from sim.engine import NEAR, SendFeed, decode_one
 from sim.fleet import LIVE
 
 if TYPE_CHECKING:
@@ -778,8 +778,8 @@ class PlainCursor(Cursor):
                 return HARD  # it would preempt
         last = mm - 1
         slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
-        # on the unfused engine's clock (`decode_starts`, as `_plan_segment`)
-        st = decode_starts(cost, t, n, ctx0, mm)
+        # on the unfused engine's clock (`CostModel.decode_clock`, as `_plan_segment`)
+        st = cost.decode_clock(n, ctx0, t, mm)
         k = min(bisect.bisect_left(st, sb, 0, mm), bisect.bisect_left(st, el, 1, mm + 1) - 1)
         if k < 1:  # its first step ends at or after a (it waits for the arrival's routing), or past the end bound
             self.wait_end = t + d0

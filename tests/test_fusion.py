@@ -1,6 +1,6 @@
 """Step fusion (`[sim] fuse_steps`): runs of pure decode steps advanced in one event must give
 what the unfused engine (the oracle) gives: the same request table, bit for bit (a fused run's
-clock is the unfused engine's running sum of step durations, `sim.engine.decode_starts`), the
+clock is the unfused engine's running sum of step durations, `CostModel.decode_clock`), the
 same summary (within 1e-9 relative: its step figures come from run-length rows in closed form),
 and, expanded, the same step table."""
 
@@ -967,7 +967,7 @@ def test_a_piece_lands_exactly_on_its_planned_end() -> None:
 
 
 def test_a_fused_runs_clock_is_the_unfused_engines_running_sum() -> None:
-    """`CostModel.decode_clock` (a fused run's clock, `sim.engine.decode_starts`) gives the times
+    """`CostModel.decode_clock` (a fused run's clock) gives the times
     the unfused engine's clock takes, each step's `decode_s` added in turn (as SimPy adds a
     timeout's delay), in scalars and by numpy, with memory-bound attention (decode's case),
     compute-bound (an attention peak cut 100x) and the two branches within rounding of each
