@@ -157,6 +157,18 @@ def decode_one(C: list[int], R: list[int], entries: list[int]) -> tuple[int, lis
     return held, left
 
 
+def _counters(entries: list[int], C: list[int], NX: list[int], PROP: list[int], ACC: list[int], VER: list[int],
+              VEM: list[int], KS: int, PS: int, fix: dict[int, int]) -> None:
+    """These entries' draft counters from the offsets `Replica._plan_spec_steps` keeps them as,
+    in place (each entry once: after this they are counters again)."""
+    for e in entries:
+        d = C[e] - PS
+        PROP[e] += KS
+        ACC[e] += d - NX[e] + fix.get(e, 0)
+        VER[e] += NX[e]
+        VEM[e] += d
+
+
 def exact_delay(now: float, end_s: float) -> float:
     """A delay that SimPy adds to `now` to land exactly on `end_s` (end_s - now may miss it by an
     ulp): a planned piece ends at the very time its plan counted with (`sim.joint`). None exists
@@ -2145,6 +2157,19 @@ class Replica:
         VER: list[int] = self.n_verify[:n].tolist()
         VEM: list[int] = self.n_vemit[:n].tolist()
         active = list(range(n))
+        # without the adaptive policy (which reads them every step) the draft counters are kept as
+        # offsets from what the loop keeps anyway (every entry decodes at every step), so the
+        # outcome loop updates none of them: proposed = PROP + KS, verifications = VER + NX,
+        # verification-emitted tokens = VEM + C - PS, accepted = ACC + C - PS - NX (+ `fix`, the
+        # drafts accepted beyond the tokens left at an entry's last step); see `Cursor._offsets`
+        lean = policy != "adaptive"
+        KS = PS = 0
+        fix: dict[int, int] = {}
+        if lean:
+            for e in active:
+                ACC[e] += NX[e] - C[e]
+                VER[e] -= NX[e]
+                VEM[e] -= C[e]
         lead = reqs.lead_b
         t = self.env.now
         least = False
@@ -2236,7 +2261,25 @@ class Replica:
             # (in the same pass: the blocks held after the step, ceil(context / B), and the finishing)
             emitted = held2 = 0
             left: list[int] = []
-            if k:
+            if k and lean:
+                KS += k
+                for e in active:
+                    a = lead[NX[e]]
+                    if a > k:
+                        a = k
+                    NX[e] += 1
+                    x = a + 1
+                    r = R[e]
+                    if x >= r:
+                        fix[e] = x - r
+                        x = r
+                        left.append(e)
+                    c = C[e] + x
+                    C[e] = c
+                    R[e] = r - x
+                    held2 += (c + (B - 1)) // B
+                    emitted += x
+            elif k:
                 for e in active:
                     a = lead[NX[e]]
                     if a > k:
@@ -2259,6 +2302,7 @@ class Replica:
             else:
                 held2, left = decode_one(C, R, active)
                 emitted = n
+                PS += 1
             ctx += emitted
             free -= held2 - held
             held = held2
@@ -2267,12 +2311,19 @@ class Replica:
                 C.append(chunk)
                 R.append(int(reqs.output[rid]) - 1)  # its first token, sampled at the end of its prefill
                 RID.append(rid)
-                NX.append(int(reqs.lead_off[rid]))
+                nx = int(reqs.lead_off[rid])
+                NX.append(nx)
                 TGT.append(chunk)
-                PROP.append(0)
-                ACC.append(0)
-                VER.append(0)
-                VEM.append(0)
+                if lean:  # (offsets: nothing proposed, accepted or verified yet)
+                    PROP.append(-KS)
+                    ACC.append(PS - chunk + nx)
+                    VER.append(-nx)
+                    VEM.append(PS - chunk)
+                else:
+                    PROP.append(0)
+                    ACC.append(0)
+                    VER.append(0)
+                    VEM.append(0)
                 active.append(e)
                 nb = -(-chunk // B)
                 free -= nb
@@ -2285,6 +2336,8 @@ class Replica:
             t_start, t = t, end
             sends = 0
             if left:
+                if lean:
+                    _counters(left, C, NX, PROP, ACC, VER, VEM, KS, PS, fix)
                 for e in left:
                     done.append((e, t))
                     nb = (C[e] + (B - 1)) // B
@@ -2315,6 +2368,8 @@ class Replica:
                 break
         if not rows:
             return None
+        if lean:  # the running entries' counters from their offsets (those done left with theirs)
+            _counters(active, C, NX, PROP, ACC, VER, VEM, KS, PS, fix)
         if not absorb and rows[-1][10] >= 0:  # (the last step's waiting count, read at the run's end)
             rows[-1] = (*rows[-1][:10], -1, *rows[-1][11:])
         return t, steps, rows, done, admitted, (C, R, RID, TGT, PROP, ACC, VER, VEM, active), free, feed, gone

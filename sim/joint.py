@@ -117,6 +117,14 @@ class Cursor:
             self.VEM: list[int] = rep.n_vemit[:n].tolist()
         self.active = list(range(n))
         self.partials = [e for e in range(n) if self.C[e] < self.TGT[e]]
+        # Draft counters of the decoding entries (`_decode`): every one of them decodes at every step,
+        # so without the adaptive policy (which reads them every step) they are kept as offsets from
+        # what the cursor sums anyway (`_counters`): the hot loop updates none of them
+        self._lean = self.spec is not None and self.spec.policy != "adaptive"
+        self.KS = 0  # drafts proposed per sequence since the offsets were taken (k summed over steps)
+        self.PS = 0  # steps without drafts since then (each adds a token to every decoding context)
+        self._fix: dict[int, int] = {}  # an entry's accepted drafts its last step's cap left out
+        self._offsets(self._decoders())
         # (built in C: a closed loop's queue holds most of its clients, and a cursor may plan few steps)
         self.pending: deque[tuple[int, float]] = deque(zip(rep.waiting, itertools.repeat(-math.inf)))
         self.free = rep.free_blocks
@@ -183,9 +191,12 @@ class Cursor:
         act = self.active
         spec = self.spec is not None
         rid, c, r, tgt = self._entries()
-        state = (rid, c, r, tgt,
-                 [self.PROP[e] for e in act] if spec else [], [self.ACC[e] for e in act] if spec else [],
-                 [self._verified(e) for e in act] if spec else [], [self.VEM[e] for e in act] if spec else [])
+        if spec:
+            cnt = [self._counters(e) for e in act] if self._lean else list(zip(
+                [self.PROP[e] for e in act], [self.ACC[e] for e in act], [self.VEM[e] for e in act], strict=True))
+            prop, acc, vem = ([list(x) for x in zip(*cnt, strict=True)] if cnt else [[], [], []])
+        state = (rid, c, r, tgt, prop if spec else [], acc if spec else [],
+                 [self._verified(e) for e in act] if spec else [], vem if spec else [])
         end = self.t if self.t < math.inf else self.end_s
         piece = Piece(self.p_start, end, self.p_steps, self.rows, self.admitted, self.first, self.done, self.gone,
                       [s for _, s in self.admitted], state, self.free)
@@ -206,6 +217,34 @@ class Cursor:
             self.PROP, self.ACC, self.VEM = state[4][:], state[5][:], state[7][:]
             self.NX = [int(self.reqs.lead_off[r]) + v for r, v in zip(self.RID, state[6], strict=True)]
         self.active = list(range(len(self.RID)))
+        if self._lean:
+            self.KS = self.PS = 0
+            self._fix = {}
+            self._offsets(self._decoders())
+
+    def _offsets(self, entries: list[int]) -> None:
+        """These decoding entries' draft counters (as they stand) kept as offsets from now on, where
+        the cursor keeps them so (`_lean`): proposed = PROP + KS; verification-emitted tokens =
+        VEM + C - PS (a verification's tokens are all its context gains; a step without drafts
+        adds one token to every decoding context and none to the counters); accepted = ACC + C -
+        PS - NX, plus the drafts accepted beyond the tokens left at its last step (`_fix`):
+        every verification emits its accepted drafts + 1, and advances NX by one."""
+        if not self._lean:
+            return
+        C, NX, PROP, ACC, VEM = self.C, self.NX, self.PROP, self.ACC, self.VEM
+        KS, PS = self.KS, self.PS
+        for e in entries:
+            d = C[e] - PS
+            PROP[e] -= KS
+            VEM[e] -= d
+            ACC[e] -= d - NX[e]
+
+    def _counters(self, e: int) -> tuple[int, int, int]:
+        """Entry e's drafts proposed, accepted and its verification-emitted tokens (`_offsets`)."""
+        if not self._lean or e in self.partials:
+            return self.PROP[e], self.ACC[e], self.VEM[e]
+        d = self.C[e] - self.PS
+        return self.PROP[e] + self.KS, self.ACC[e] + d - self.NX[e] + self._fix.get(e, 0), self.VEM[e] + d
 
     def _verified(self, e: int) -> int:
         """Entry e's verifications so far: its next outcome's index less its request's first
@@ -510,6 +549,7 @@ class Cursor:
             self.partials = [e for e in self.partials if e not in d]
         C = self.C
         self.ctx += sum([C[e] for e in done])
+        self._offsets(done)
 
     def _blocks_after(self, need: int, taken: int) -> None:
         """A step without drafts: the decoding sequences hold what they reserved (`need` more), the
@@ -530,11 +570,35 @@ class Cursor:
         if not k:
             self._dec_held, self._dec_left = decode_one(C, R, dec)
             self.ctx += len(dec)
+            self.PS += 1
             return len(dec)
         lead = self.reqs.lead_b
-        NX, PROP, ACC, VEM = self.NX, self.PROP, self.ACC, self.VEM
+        NX = self.NX
         emitted = held = 0
         left: list[int] = []
+        if self._lean:  # the draft counters follow from C and NX (`_offsets`)
+            self.KS += k
+            fix = self._fix
+            for e in dec:
+                acc = lead[NX[e]]
+                if acc > k:
+                    acc = k
+                NX[e] += 1
+                x = acc + 1
+                r = R[e]
+                if x >= r:
+                    fix[e] = x - r
+                    x = r
+                    left.append(e)
+                c = C[e] + x
+                C[e] = c
+                R[e] = r - x
+                held += (c + (B - 1)) // B
+                emitted += x
+            self.ctx += emitted
+            self._dec_held, self._dec_left = held, left
+            return emitted
+        PROP, ACC, VEM = self.PROP, self.ACC, self.VEM
         for e in dec:
             acc = lead[NX[e]]
             if acc > k:
@@ -574,8 +638,11 @@ class Cursor:
             self.free += nb
             self.held -= nb
             self.ctx -= C[e]
-            self.done.append((rid[e], t, self.PROP[e] if spec else 0, self.ACC[e] if spec else 0,
-                              self._verified(e) if spec else 0, self.VEM[e] if spec else 0))
+            if spec:
+                p, a, v = self._counters(e)
+                self.done.append((rid[e], t, p, a, self._verified(e), v))
+            else:
+                self.done.append((rid[e], t, 0, 0, 0, 0))
         self.active = [e for e in self.active if R[e] > 0]
         self.gone.append((t, len(left)))
         self._min_left = None
