@@ -219,6 +219,51 @@ def test_planner_slo_verdict_agrees_with_long_runs() -> None:
         assert not above["slo_met"], (hi, above["slo"])
 
 
+def test_a_rerun_is_padded_and_the_judged_run_lasts_what_it_asks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`judged_run` near capacity (one TP4 70B replica at 0.8x its capacity, 150 s plan runs):
+    each rerun lasts RELAX_PAD x the warm-up and window the run before it asked for
+    (`judged_length`); the run judged asks for at most 5% more than it lasts (the rule is the
+    unpadded one); and here the padded rerun is judged as it is, where unpadded reruns take a
+    third run (the second asked for ~17% more)."""
+    import experiments.plan as plan
+
+    base = load_scenario(MIX, {"rack.num_gpus": 4, "workload.duration_s": 150.0, "workload.warmup_s": 30.0,
+                               "workload.utilisation": None, "workload.rate_rps": 1.0})
+    cap = capacity(base, speculative=True).rps
+    sc = base.with_overrides({"workload.rate_rps": 0.8 * cap})
+    real = plan.summary
+    runs: list[tuple] = []
+
+    def spy(s, seed, points):  # type: ignore[no-untyped-def]
+        sm = real(s, seed, points)
+        runs.append((s, sm))
+        return sm
+
+    monkeypatch.setattr(plan, "summary", spy)
+
+    def judged() -> list[tuple]:
+        runs.clear()
+        got = plan.judged_run(sc, 1, None, cap)
+        assert not isinstance(got, str) and got[0] == runs[-1][0]
+        return runs[:]
+
+    padded = judged()
+    assert len(padded) == 2
+    for (prev, sm), (nxt, _) in itertools.pairwise(padded):
+        warm, window = plan.judged_length(prev, sm, cap)
+        wl = nxt.workload
+        assert wl.warmup_s == pytest.approx(plan.RELAX_PAD * warm, rel=1e-12)
+        assert wl.duration_s - wl.warmup_s == pytest.approx(plan.RELAX_PAD * window, rel=1e-12)
+    last, sm = padded[-1]
+    warm, window = plan.judged_length(last, sm, cap)
+    assert warm <= 1.05 * last.workload.warmup_s and window <= 1.05 * (last.workload.duration_s - last.workload.warmup_s)
+    assert sm["slo_met"]
+    monkeypatch.setattr(plan, "RELAX_PAD", 1.0)
+    unpadded = judged()
+    assert len(unpadded) == 3
+    assert unpadded[-1][0].workload.duration_s < last.workload.duration_s
+
+
 def test_a_collapse_is_explained_by_its_cause() -> None:
     """The report and `specrack capacity` say why throughput collapses: the KV holding fewer
     sequences than the slots (preemption), or else speculation's overhead growing with the batch."""
