@@ -124,7 +124,8 @@ class Cursor:
         self.KS = 0  # drafts proposed per sequence since the offsets were taken (k summed over steps)
         self.PS = 0  # steps without drafts since then (each adds a token to every decoding context)
         self._fix: dict[int, int] = {}  # an entry's accepted drafts its last step's cap left out
-        self._offsets(self._decoders())
+        if self._lean:
+            self._offsets(self._decoders())
         # (built in C: a closed loop's queue holds most of its clients, and a cursor may plan few steps)
         self.pending: deque[tuple[int, float]] = deque(zip(rep.waiting, itertools.repeat(-math.inf)))
         self.free = rep.free_blocks
@@ -223,17 +224,15 @@ class Cursor:
             self._offsets(self._decoders())
 
     def _offsets(self, entries: list[int]) -> None:
-        """These decoding entries' draft counters (as they stand) kept as offsets from now on, where
-        the cursor keeps them so (`_lean`): proposed = PROP + KS; verification-emitted tokens =
+        """These decoding entries' draft counters (as they stand) kept as offsets from now on (a
+        cursor with `_lean` only): proposed = PROP + KS; verification-emitted tokens =
         VEM + C - PS (a verification's tokens are all its context gains; a step without drafts
         adds one token to every decoding context and none to the counters); accepted = ACC + C -
         PS - NX, plus the drafts accepted beyond the tokens left at its last step (`_fix`):
         every verification emits its accepted drafts + 1, and advances NX by one."""
-        if not self._lean:
-            return
         C, NX, PROP, ACC, VEM = self.C, self.NX, self.PROP, self.ACC, self.VEM
         KS, PS = self.KS, self.PS
-        for e in entries:
+        for e in entries:  # (applied once per entry: at the cursor's start, at its prefill's end)
             d = C[e] - PS
             PROP[e] -= KS
             VEM[e] -= d
@@ -549,7 +548,8 @@ class Cursor:
             self.partials = [e for e in self.partials if e not in d]
         C = self.C
         self.ctx += sum([C[e] for e in done])
-        self._offsets(done)
+        if self._lean:
+            self._offsets(done)
 
     def _blocks_after(self, need: int, taken: int) -> None:
         """A step without drafts: the decoding sequences hold what they reserved (`need` more), the
