@@ -157,6 +157,34 @@ def decode_one(C: list[int], R: list[int], entries: list[int]) -> tuple[int, lis
     return held, left
 
 
+def decode_spec(C: list[int], R: list[int], NX: list[int], lead: bytes, k: int, entries: list[int],
+                fix: dict[int, int]) -> tuple[int, int, list[int]]:
+    """A planned step of depth k > 0 whose draft counters are kept as offsets (`Cursor._offsets`):
+    every entry reads its next verification outcome (`lead` at NX, capped at k) and emits its
+    accepted drafts + 1, capped by its tokens left (the drafts the cap leaves out go to `fix`).
+    Returns the tokens emitted, the KV blocks the entries hold after it (ceil(context / B),
+    summed) and those that finished, in order. The speculative planners' hot loop."""
+    emitted = held = 0
+    left: list[int] = []
+    for e in entries:
+        a = lead[NX[e]]
+        if a > k:
+            a = k
+        NX[e] += 1
+        x = a + 1
+        r = R[e]
+        if x >= r:
+            fix[e] = x - r
+            x = r
+            left.append(e)
+        c = C[e] + x
+        C[e] = c
+        R[e] = r - x
+        held += (c + (BLOCK_SIZE - 1)) // BLOCK_SIZE
+        emitted += x
+    return emitted, held, left
+
+
 def _counters(entries: list[int], C: list[int], NX: list[int], PROP: list[int], ACC: list[int], VER: list[int],
               VEM: list[int], KS: int, PS: int, fix: dict[int, int]) -> None:
     """These entries' draft counters from the offsets `Replica._plan_spec_steps` keeps them as,
@@ -2157,19 +2185,17 @@ class Replica:
         VER: list[int] = self.n_verify[:n].tolist()
         VEM: list[int] = self.n_vemit[:n].tolist()
         active = list(range(n))
-        # without the adaptive policy (which reads them every step) the draft counters are kept as
-        # offsets from what the loop keeps anyway (every entry decodes at every step), so the
-        # outcome loop updates none of them: proposed = PROP + KS, verifications = VER + NX,
-        # verification-emitted tokens = VEM + C - PS, accepted = ACC + C - PS - NX (+ `fix`, the
-        # drafts accepted beyond the tokens left at an entry's last step); see `Cursor._offsets`
-        lean = policy != "adaptive"
+        # the draft counters are kept as offsets from what the loop keeps anyway (every entry
+        # decodes at every step), so the outcome loop updates none of them: proposed = PROP + KS,
+        # verifications = VER + NX, verification-emitted tokens = VEM + C - PS, accepted = ACC + C -
+        # PS - NX (+ `fix`, the drafts accepted beyond the tokens left at an entry's last step);
+        # see `joint.Cursor._offsets`
         KS = PS = 0
         fix: dict[int, int] = {}
-        if lean:
-            for e in active:
-                ACC[e] += NX[e] - C[e]
-                VER[e] -= NX[e]
-                VEM[e] -= C[e]
+        for e in active:
+            ACC[e] += NX[e] - C[e]
+            VER[e] -= NX[e]
+            VEM[e] -= C[e]
         lead = reqs.lead_b
         t = self.env.now
         least = False
@@ -2210,8 +2236,8 @@ class Replica:
                 break  # a waiting request could now be admitted: the ordinary step takes it
             chosen = None  # the adaptive choice prices every k: the chosen one's decode-only figures
             if policy == "adaptive":
-                k, chosen = (self._adaptive_choice([ACC[e] for e in active], [PROP[e] for e in active], float(ctx))
-                             if n else (0, None))
+                k, chosen = (self._adaptive_choice([ACC[e] + C[e] - PS - NX[e] for e in active],
+                                                   [PROP[e] + KS for e in active], float(ctx)) if n else (0, None))
             elif policy == "disable_above_batch":
                 k = 0 if n > spec.disable_batch_size else k_max
             else:
@@ -2259,46 +2285,9 @@ class Replica:
                     break
             # the step is taken: the decoding sequences' outcomes, then the admissions, then completions
             # (in the same pass: the blocks held after the step, ceil(context / B), and the finishing)
-            emitted = held2 = 0
-            left: list[int] = []
-            if k and lean:
+            if k:
                 KS += k
-                for e in active:
-                    a = lead[NX[e]]
-                    if a > k:
-                        a = k
-                    NX[e] += 1
-                    x = a + 1
-                    r = R[e]
-                    if x >= r:
-                        fix[e] = x - r
-                        x = r
-                        left.append(e)
-                    c = C[e] + x
-                    C[e] = c
-                    R[e] = r - x
-                    held2 += (c + (B - 1)) // B
-                    emitted += x
-            elif k:
-                for e in active:
-                    a = lead[NX[e]]
-                    if a > k:
-                        a = k
-                    NX[e] += 1
-                    x = a + 1
-                    r = R[e]
-                    if x >= r:
-                        x = r
-                        left.append(e)
-                    PROP[e] += k
-                    ACC[e] += a
-                    VER[e] += 1
-                    VEM[e] += x
-                    c = C[e] + x
-                    C[e] = c
-                    R[e] = r - x
-                    held2 += (c + (B - 1)) // B
-                    emitted += x
+                emitted, held2, left = decode_spec(C, R, NX, lead, k, active, fix)
             else:
                 held2, left = decode_one(C, R, active)
                 emitted = n
@@ -2314,16 +2303,10 @@ class Replica:
                 nx = int(reqs.lead_off[rid])
                 NX.append(nx)
                 TGT.append(chunk)
-                if lean:  # (offsets: nothing proposed, accepted or verified yet)
-                    PROP.append(-KS)
-                    ACC.append(PS - chunk + nx)
-                    VER.append(-nx)
-                    VEM.append(PS - chunk)
-                else:
-                    PROP.append(0)
-                    ACC.append(0)
-                    VER.append(0)
-                    VEM.append(0)
+                PROP.append(-KS)  # (offsets: nothing proposed, accepted or verified yet)
+                ACC.append(PS - chunk + nx)
+                VER.append(-nx)
+                VEM.append(PS - chunk)
                 active.append(e)
                 nb = -(-chunk // B)
                 free -= nb
@@ -2336,8 +2319,7 @@ class Replica:
             t_start, t = t, end
             sends = 0
             if left:
-                if lean:
-                    _counters(left, C, NX, PROP, ACC, VER, VEM, KS, PS, fix)
+                _counters(left, C, NX, PROP, ACC, VER, VEM, KS, PS, fix)
                 for e in left:
                     done.append((e, t))
                     nb = (C[e] + (B - 1)) // B
@@ -2368,8 +2350,7 @@ class Replica:
                 break
         if not rows:
             return None
-        if lean:  # the running entries' counters from their offsets (those done left with theirs)
-            _counters(active, C, NX, PROP, ACC, VER, VEM, KS, PS, fix)
+        _counters(active, C, NX, PROP, ACC, VER, VEM, KS, PS, fix)  # (those done left with theirs)
         if not absorb and rows[-1][10] >= 0:  # (the last step's waiting count, read at the run's end)
             rows[-1] = (*rows[-1][:10], -1, *rows[-1][11:])
         return t, steps, rows, done, admitted, (C, R, RID, TGT, PROP, ACC, VER, VEM, active), free, feed, gone

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from models.memory import BLOCK_SIZE
-from sim.engine import NEAR, SendFeed, decode_one
+from sim.engine import NEAR, SendFeed, decode_one, decode_spec
 from sim.fleet import LIVE
 
 if TYPE_CHECKING:
@@ -118,13 +118,12 @@ class Cursor:
         self.active = list(range(n))
         self.partials = [e for e in range(n) if self.C[e] < self.TGT[e]]
         # Draft counters of the decoding entries (`_decode`): every one of them decodes at every step,
-        # so without the adaptive policy (which reads them every step) they are kept as offsets from
-        # what the cursor sums anyway (`_counters`): the hot loop updates none of them
-        self._lean = self.spec is not None and self.spec.policy != "adaptive"
+        # so they are kept as offsets from what the cursor keeps anyway (`_counters`; the adaptive
+        # policy reads them through `_acc_prop`): the hot loop updates none of them
         self.KS = 0  # drafts proposed per sequence since the offsets were taken (k summed over steps)
         self.PS = 0  # steps without drafts since then (each adds a token to every decoding context)
         self._fix: dict[int, int] = {}  # an entry's accepted drafts its last step's cap left out
-        if self._lean:
+        if self.spec is not None:
             self._offsets(self._decoders())
         # (built in C: a closed loop's queue holds most of its clients, and a cursor may plan few steps)
         self.pending: deque[tuple[int, float]] = deque(zip(rep.waiting, itertools.repeat(-math.inf)))
@@ -193,8 +192,7 @@ class Cursor:
         spec = self.spec is not None
         rid, c, r, tgt = self._entries()
         if spec:
-            cnt = [self._counters(e) for e in act] if self._lean else list(zip(
-                [self.PROP[e] for e in act], [self.ACC[e] for e in act], [self.VEM[e] for e in act], strict=True))
+            cnt = [self._counters(e) for e in act]
             prop, acc, vem = ([list(x) for x in zip(*cnt, strict=True)] if cnt else [[], [], []])
         state = (rid, c, r, tgt, prop if spec else [], acc if spec else [],
                  [self._verified(e) for e in act] if spec else [], vem if spec else [])
@@ -218,14 +216,14 @@ class Cursor:
             self.PROP, self.ACC, self.VEM = state[4][:], state[5][:], state[7][:]
             self.NX = [int(self.reqs.lead_off[r]) + v for r, v in zip(self.RID, state[6], strict=True)]
         self.active = list(range(len(self.RID)))
-        if self._lean:
+        if self.spec is not None:
             self.KS = self.PS = 0
             self._fix = {}
             self._offsets(self._decoders())
 
     def _offsets(self, entries: list[int]) -> None:
         """These decoding entries' draft counters (as they stand) kept as offsets from now on (a
-        cursor with `_lean` only): proposed = PROP + KS; verification-emitted tokens =
+        speculative cursor's): proposed = PROP + KS; verification-emitted tokens =
         VEM + C - PS (a verification's tokens are all its context gains; a step without drafts
         adds one token to every decoding context and none to the counters); accepted = ACC + C -
         PS - NX, plus the drafts accepted beyond the tokens left at its last step (`_fix`):
@@ -240,7 +238,7 @@ class Cursor:
 
     def _counters(self, e: int) -> tuple[int, int, int]:
         """Entry e's drafts proposed, accepted and its verification-emitted tokens (`_offsets`)."""
-        if not self._lean or e in self.partials:
+        if e in self.partials:
             return self.PROP[e], self.ACC[e], self.VEM[e]
         d = self.C[e] - self.PS
         return self.PROP[e] + self.KS, self.ACC[e] + d - self.NX[e] + self._fix.get(e, 0), self.VEM[e] + d
@@ -323,7 +321,14 @@ class Cursor:
             return 0 if n_run > spec.disable_batch_size else spec.k
         if not dec:
             return 0
-        return self.rep._adaptive_pick([self.ACC[e] for e in dec], [self.PROP[e] for e in dec], float(self.ctx))
+        return self.rep._adaptive_pick(*self._acc_prop(dec), float(self.ctx))
+
+    def _acc_prop(self, dec: list[int]) -> tuple[list[int], list[int]]:
+        """The decoding entries' drafts accepted and proposed so far (the adaptive policy's
+        estimates), from their offsets (`_offsets`)."""
+        C, NX, ACC, PROP = self.C, self.NX, self.ACC, self.PROP
+        PS, KS = self.PS, self.KS
+        return [ACC[e] + C[e] - PS - NX[e] for e in dec], [PROP[e] + KS for e in dec]
 
     def _reserve(self, k: int, dec: list[int]) -> tuple[int, int]:
         """(q_v, KV blocks the decoding sequences' reservation takes): k + 1 tokens capped by what
@@ -548,7 +553,7 @@ class Cursor:
             self.partials = [e for e in self.partials if e not in d]
         C = self.C
         self.ctx += sum([C[e] for e in done])
-        if self._lean:
+        if self.spec is not None:
             self._offsets(done)
 
     def _blocks_after(self, need: int, taken: int) -> None:
@@ -562,63 +567,20 @@ class Cursor:
 
     def _decode(self, k: int, dec: list[int]) -> int:
         """Every decoding sequence's tokens this step: accepted drafts + 1 (capped by what is left)
-        read from its outcomes, or one without speculation; contexts grow. Returns the tokens, and
-        keeps the decoding entries' blocks after the step (ceil(context / B), summed) and those
-        that finished, in slot order (`_dec_held`, `_dec_left`: `_mixed` and `_spec_steps` read
-        them). One pass over the batch: the speculative steps' hot loop."""
+        read from its outcomes, or one without speculation; contexts grow (the draft counters
+        follow from them: `_offsets`). Returns the tokens, and keeps the decoding entries' blocks
+        after the step (ceil(context / B), summed) and those that finished, in slot order
+        (`_dec_held`, `_dec_left`: `_mixed` and `_spec_steps` read them). One pass over the
+        batch: the speculative steps' hot loop."""
         C, R = self.C, self.R
         if not k:
             self._dec_held, self._dec_left = decode_one(C, R, dec)
             self.ctx += len(dec)
             self.PS += 1
             return len(dec)
-        lead = self.reqs.lead_b
-        NX = self.NX
-        emitted = held = 0
-        left: list[int] = []
-        if self._lean:  # the draft counters follow from C and NX (`_offsets`)
-            self.KS += k
-            fix = self._fix
-            for e in dec:
-                acc = lead[NX[e]]
-                if acc > k:
-                    acc = k
-                NX[e] += 1
-                x = acc + 1
-                r = R[e]
-                if x >= r:
-                    fix[e] = x - r
-                    x = r
-                    left.append(e)
-                c = C[e] + x
-                C[e] = c
-                R[e] = r - x
-                held += (c + (B - 1)) // B
-                emitted += x
-            self.ctx += emitted
-            self._dec_held, self._dec_left = held, left
-            return emitted
-        PROP, ACC, VEM = self.PROP, self.ACC, self.VEM
-        for e in dec:
-            acc = lead[NX[e]]
-            if acc > k:
-                acc = k
-            NX[e] += 1
-            x = acc + 1
-            r = R[e]
-            if x >= r:
-                x = r
-                left.append(e)
-            PROP[e] += k
-            ACC[e] += acc
-            VEM[e] += x
-            c = C[e] + x
-            C[e] = c
-            R[e] = r - x
-            held += (c + (B - 1)) // B
-            emitted += x
+        self.KS += k
+        emitted, self._dec_held, self._dec_left = decode_spec(C, R, self.NX, self.reqs.lead_b, k, dec, self._fix)
         self.ctx += emitted
-        self._dec_held, self._dec_left = held, left  # (their blocks after the step, and the finished)
         return emitted
 
     def _finish(self, t: float) -> None:
@@ -661,7 +623,6 @@ class Cursor:
         batch's step is mostly this fixed cost."""
         spec_step, choose, decode = self.rep._spec_step, self.rep._adaptive_choice, self._decode
         adaptive = self.spec is not None and self.spec.policy == "adaptive"
-        ACC, PROP = self.ACC, self.PROP
         rows = self.rows
         k_fixed, qvs = self._k_fixed, self._qv
         pend = self.pending
@@ -678,7 +639,7 @@ class Cursor:
                 if k_fixed >= 0:
                     k, cost = k_fixed, None
                 elif adaptive:  # the choice prices every k: the chosen one's figures come with it
-                    k, cost = choose([ACC[e] for e in act], [PROP[e] for e in act], float(self.ctx))
+                    k, cost = choose(*self._acc_prop(act), float(self.ctx))
                 else:
                     k, cost = self._k(n, act), None
                 qv = qvs[k]
