@@ -137,7 +137,7 @@ def efficiency_for(gpu: GPU, engine: str = DEFAULT_PROFILE) -> Efficiency:
 
 # `CostModel.decode_clock`: a run of at most this many steps is summed in scalars, a longer one by numpy
 DECODE_CLOCK_SCALAR = 64
-_STEPS = np.arange(1 << 13, dtype=np.float64)  # 0, 1, 2, ... (a fused run plans at most 4,096 steps at once)
+_STEPS = np.arange(1 << 13, dtype=np.float64)  # 0, 1, 2, ...: twice the longest run a fused planner asks for (4,096 steps)
 
 
 class CostModel:

@@ -50,14 +50,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from models.memory import BLOCK_SIZE
-from sim.engine import NEAR, SendFeed, decode_one, decode_spec
+from sim.engine import FUSE_MAX_STEPS, NEAR, SendFeed, decode_one, decode_spec
 from sim.fleet import LIVE
 
 if TYPE_CHECKING:
     from sim.engine import FuseBound, Replica
 
 B = BLOCK_SIZE
-FUSE_MAX_STEPS = 4096  # longest plain decode segment planned at once
 LOOP_STEPS = 1024  # most steps one piece of a closed loop's plan holds (`loop_piece`)
 EXTEND_ARRIVALS = 512  # arrivals routed by one extension of the plan (then every replica's steps become a piece)
 QUIET_MARGIN = 1e-9  # relative: a replica is left unplanned up to an arrival only this clearly before its next completion
