@@ -138,6 +138,9 @@ class Cursor:
         self.chunked = rt.chunked_prefill
         self.idx = rep.idx
         self._min_left: int | None = None  # fewest tokens left among the decoding sequences (cached)
+        # `quiet(a)` holds for every a before this (its last finding; -inf: not known); any step
+        # planned, request sent here or wake forgets it (`advance`, `wake`, `RackPlanner._route`)
+        self.q_until = -math.inf
         # the step from wait_t ends at wait_end: `advance` stopped there, waiting for an arrival (`waits`)
         self.wait_t, self.wait_end = math.nan, -math.inf
         self._peek: tuple[float, Any] | None = None  # the next step's plan, kept while it waits for an arrival
@@ -250,6 +253,7 @@ class Cursor:
     def wake(self, t: float) -> None:
         """An arrival at t wakes an idle replica: its next step starts then."""
         self.t = t
+        self.q_until = -math.inf
         if not self.p_steps:
             self.p_start = t
 
@@ -258,7 +262,7 @@ class Cursor:
         """Whether nothing here can change its count before a without planning: nothing waits or
         prefills, and its fewest tokens left, at the most tokens a step emits, take steps that
         cannot end before a (a step lasts at least the plain decode step of the running batch at
-        its context)."""
+        its context). The time before which that holds is kept (`q_until`)."""
         if self.pending or self.partials or not self.active:
             return not (self.pending or self.partials)
         m = self._min_left
@@ -268,12 +272,18 @@ class Cursor:
         if self.spec is not None:
             m = -(-m // (self.spec.k + 1))
         d = self.rt.cost.decode_s(len(self.active), float(self.ctx))
-        return self.t + m * d > a + QUIET_MARGIN * (a if a > 1.0 else 1.0)
+        self.q_until = _quiet_until(self.t + m * d)
+        return a < self.q_until
 
-    def advance(self, a: float, end_bound: float, fb: FuseBound) -> bool:
+    def advance(self, a: float, end_bound: float, fb: FuseBound, lazy: bool = False) -> bool:
         """Plan the steps that end before a; False when the step at t cannot be planned here (the
         ordinary step must take it: a decode step that would preempt, a step with nothing to do,
-        a step ending at or past `end_bound`)."""
+        a step ending at or past `end_bound`). `lazy` (the plan routing an arrival at a, which
+        needs only the count at a): once a step is planned, stop before plain decode steps that
+        cannot change the count before a (`quiet`), which a later call plans in one segment with
+        those that follow (not cut at a)."""
+        self.q_until = -math.inf
+        check = False  # (the caller has found it not quiet at t)
         while self.t < a:
             act, pend = self.active, self.pending
             if pend and pend[0][1] > self.t and not act:  # idle until the first one arrives
@@ -288,7 +298,10 @@ class Cursor:
             elif self.spec is not None:
                 got = self._spec_steps(a, end_bound)
             else:
+                if check and self.quiet(a):
+                    return True
                 got = self._segment(a, end_bound, fb)
+            check = lazy
             if got == WAIT:
                 self.wait_t = self.t
                 return True
@@ -711,10 +724,19 @@ class PlainCursor(Cursor):
         self._index()
 
     def quiet(self, a: float) -> bool:
+        """As `Cursor.quiet`, and the KV blocks its steps before a can grow into are free (a step
+        that would preempt shrinks the batch, and a smaller batch steps faster): fewer than
+        (free // n) * B steps start before a (each sequence takes a block every B steps at most)."""
         if self.pending or self.partials or not self.active:
             return not (self.pending or self.partials)
-        d = self.rt.cost.decode_s(len(self.active), float(self.ctx))
-        return self.t + (self.heap[0][0] - self.S) * d > a + QUIET_MARGIN * (a if a > 1.0 else 1.0)
+        n = len(self.active)
+        d = self.rt.cost.decode_s(n, float(self.ctx))
+        t = self.t
+        u = _quiet_until(t + (self.heap[0][0] - self.S) * d)
+        f = self.free // n
+        kv = _quiet_until(t + d * (f * B - 1)) if f else -math.inf
+        self.q_until = u if u < kv else kv
+        return a < self.q_until
 
     def _reserve(self, k: int, dec: list[int]) -> tuple[int, int]:
         return 1, self.hist[(-self.S) % B]  # the decoding sequences whose next token opens a block
@@ -836,6 +858,12 @@ class PlainCursor(Cursor):
         return DONE
 
 
+def _quiet_until(x: float) -> float:
+    """The arrival times a with a + QUIET_MARGIN * max(a, 1) < x are those before this (a little
+    earlier: `quiet` may only err towards planning)."""
+    return x - 2.0 * QUIET_MARGIN * (x if x > 1.0 else 1.0)
+
+
 def cursor_for(rep: Replica, t: float) -> Cursor:
     """A replica's cursor from its state at t: speculative steps one by one, or plain decode in
     closed form (`PlainCursor`)."""
@@ -950,6 +978,7 @@ class RackPlanner:
             self.carry[r] = []
             if later:  # (sent here by the plan, arriving later)
                 c.pending.extend(later)
+                c.q_until = -math.inf
                 c.wake(later[0][1])
 
 
@@ -973,6 +1002,7 @@ class RackPlanner:
             if w.t == math.inf:
                 w.wake(a)
             w.pending.append((j, a))
+            w.q_until = -math.inf
         else:
             w.sent += 1
         self.j = j + 1
@@ -1012,7 +1042,8 @@ class RackPlanner:
                 continue
             for r in range(R):
                 c = cur[r]
-                if c is not None and c.t < a and not c.waits(a) and not c.quiet(a) and not c.advance(a, end_bound, fb):
+                if (c is not None and c.t < a and a >= c.q_until and not c.waits(a) and not c.quiet(a)
+                        and not c.advance(a, end_bound, fb, lazy=True)):
                     self.frozen[r] = c  # its step at c.t is the ordinary step's
                     self._drop(r, c, c.t)
             counts: list[int] = []

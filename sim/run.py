@@ -36,20 +36,23 @@ GC_YOUNG_THRESHOLD = 20_000  # allocations between collections of the GC's young
 
 def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica], router: str,
               stop: simpy.Event, backlog_limit: int, fuse: FuseBound | None = None,
-              static: bool = True) -> Generator[simpy.Event, Any, None]:
+              pool: list[Replica] | None = None, every: bool = False) -> Generator[simpy.Event, Any, None]:
     """Replay the request table: one URGENT event per distinct arrival time (published to
     `fuse`, when given, as the time before which fused steps must end). The run stops once more
-    than `backlog_limit` requests wait, checked after each arrival (the sum over the replicas is
-    taken only when an upper bound on it, the last sum plus the requests queued since, arrivals
-    and preemptions, exceeds the limit; `static`: the replicas never change, else every time: a
-    draining replica brought back rejoins the sum with its queue)."""
+    than `backlog_limit` requests wait at the replicas the router may send to, checked after each
+    arrival. That sum is taken only when an upper bound on it exceeds the limit: the last sum over
+    every replica of the run (`pool`, filled before the first arrival; by default `replicas`),
+    plus the requests queued since (arrivals and preemptions). With an autoscaler the routable
+    replicas change (a draining replica brought back rejoins the sum with its queue), so the
+    bound is kept over all of them. `every`: the sum after every arrival (the bound's oracle, in
+    the tests)."""
     n = times.size
     # Python floats (the same values): numpy scalars make every comparison and subtraction slow
     at: list[float] = fuse.times() if fuse is not None and fuse.routing is not None else times.tolist()
     i = 0
     rr = 0
-    reqs = replicas[0].reqs if static and replicas else None
-    bound = 0  # at least the requests waiting now
+    everyone = replicas if pool is None else pool
+    bound = 0  # at least the requests waiting now, at every replica
     requeued = 0
     while i < n:
         t = at[i]
@@ -64,14 +67,16 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
             rr += 1
             i += 1
             bound += 1
-        if reqs is not None:
+        if everyone:
+            reqs = everyone[0].reqs
             bound += reqs.requeued - requeued
             requeued = reqs.requeued
-        if bound > backlog_limit or reqs is None:
-            bound = sum(r.queued() for r in replicas)
-            if bound > backlog_limit and not stop.triggered:
+        if bound > backlog_limit or every:
+            waiting = sum(r.queued() for r in replicas)
+            if waiting > backlog_limit and not stop.triggered:
                 stop.succeed("backlog")
                 return
+            bound = waiting if everyone is replicas else sum(r.queued() for r in everyone)
     if fuse is not None:
         fuse.next_arrival_s = float("inf")
         fuse.next_index = n  # every request delivered
@@ -261,7 +266,7 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
             fuse = FleetBound(env, horizon, cuts, routing=routing, period_s=sc.sim.interval_s) if auto is not None \
                 else FuseBound(env, horizon, cuts, routing=routing, period_s=sc.sim.interval_s)
         routable: list[Replica] = [] if dynamic else replicas  # the replicas the router may send to
-        env.process(_arrivals(env, queued, routable, sc.deployment.router, stop, limit, fuse, static=not dynamic))
+        env.process(_arrivals(env, queued, routable, sc.deployment.router, stop, limit, fuse, pool=replicas))
         replicas.extend(Replica(env, i, rt, reqs, rngs[i], log, fuse) for i in range(rt.num_replicas))
         spec = sc.speculative
         rack: RackPlanner | None = None

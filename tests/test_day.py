@@ -167,6 +167,28 @@ def test_autoscaled_day_is_exact_under_fusion_and_deterministic(replica_cap: flo
         assert ch.state.iloc[-1] in (2, 3)  # live then (a draining one got it before it drained)
 
 
+def test_an_autoscaled_days_backlog_stop_from_the_bound_is_the_exact_sums_stop(replica_cap: float, monkeypatch) -> None:
+    """The arrival process keeps its upper bound on the backlog over every replica of the fleet,
+    live or not (the sum it stops on is over the live ones, which change): an overloaded
+    autoscaled day stops at the same arrival, with the same requests, as summing the live queues
+    after every arrival."""
+    from sim import run as run_mod
+
+    data = _day(4.0 * replica_cap, 0.5 * replica_cap, rack={"num_gpus": 8},
+                workload={"duration_s": 300.0, "rate_profile": {"shape": "diurnal", "peak_rps": 4.0 * replica_cap,
+                                                                "trough_rps": 0.5 * replica_cap, "day_s": 300.0}},
+                autoscale={"policy": "target_utilisation", "target": 0.8, "interval_s": 15.0,
+                           "replica_warmup_s": 20.0, "scale_down_window_s": 30.0},
+                sim={"interval_s": 30.0, "backlog_limit": 40})
+    fast = simulate(scenario_from_dict(data), 2)
+    inner = run_mod._arrivals
+    monkeypatch.setattr(run_mod, "_arrivals", lambda *a, **k: inner(*a, **{**k, "every": True}))
+    every = simulate(scenario_from_dict(data), 2)
+    assert fast.summary["truncated"] is True
+    assert fast.summary["horizon_s"] == every.summary["horizon_s"]
+    pd.testing.assert_frame_equal(fast.requests, every.requests)
+
+
 # --------------------------------------------------------------------------- autoscaling vs fixed racks
 
 

@@ -308,7 +308,7 @@ def test_backlog_stop_from_the_bound_is_the_exact_sums_stop(make_scenario, monke
                        workload={"rate_rps": 4.0, "duration_s": 30.0}, sim={"backlog_limit": 5})
     fast = simulate(sc, 1)
     inner = run_mod._arrivals
-    monkeypatch.setattr(run_mod, "_arrivals", lambda *a, **k: inner(*a, **{**k, "static": False}))
+    monkeypatch.setattr(run_mod, "_arrivals", lambda *a, **k: inner(*a, **{**k, "every": True}))
     every = simulate(sc, 1)
     assert fast.summary["truncated"] is True and fast.summary["preemptions"] > 0
     assert fast.summary["horizon_s"] == every.summary["horizon_s"]
