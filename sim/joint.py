@@ -1040,23 +1040,32 @@ class RackPlanner:
                     break  # (where it waits is not known yet)
                 self._route(j, a, got[1])
                 continue
-            for r in range(R):
-                c = cur[r]
-                if (c is not None and c.t < a and a >= c.q_until and not c.waits(a) and not c.quiet(a)
-                        and not c.advance(a, end_bound, fb, lazy=True)):
-                    self.frozen[r] = c  # its step at c.t is the ordinary step's
-                    self._drop(r, c, c.t)
+            # each replica's count at a (`_count`, inlined for a cursor), planning first the steps
+            # that can change it (a replica past one whose count is not known is planned up to a
+            # below, as every replica is)
             counts: list[int] = []
             where: list[Cursor | Out] = []
+            tie = False
             for r in range(R):
+                c = cur[r]
+                if c is not None:
+                    if (c.t < a and a >= c.q_until and not c.waits(a) and not c.quiet(a)
+                            and not c.advance(a, end_bound, fb, lazy=True)):
+                        self.frozen[r] = c  # its step at c.t is the ordinary step's
+                        self._drop(r, c, c.t)
+                    elif a > c.since:
+                        counts.append(len(c.active) + len(c.pending))
+                        where.append(c)
+                        continue
                 got = self._count(r, a)
                 if got is None:
                     break
                 counts.append(got[0])
                 where.append(got[1])
+                tie = tie or (isinstance(got[1], Out) and got[1].start_s == a)
             if len(counts) < R:
                 break  # a replica's count at a is not known yet
-            if sum(counts) + 1 > self.limit or any(isinstance(w, Out) and w.start_s == a for w in where):
+            if sum(counts) + 1 > self.limit or tie:
                 self.broken = True  # the backlog could stop the run here, or a tie SimPy's event order decides
                 break
             if fleet is None:
