@@ -56,6 +56,8 @@ STEP_COLUMNS = (
     "count", "gap_step_s",
 )
 STEP_INT_COLUMNS = ("replica", "batch_size", "decode_seqs", "k", "kv_blocks_used", "waiting", "count")  # int64
+# a joint piece's queue operations in order, where it preempted (`sim.joint.Piece.ops`)
+ADMIT_OP, PREEMPT_OP = 0, 1
 FUSE_MAX_STEPS = 4096  # longest fused run planned at once (a longer one is planned again at its end)
 FUSE_MAX_PIECES = 1024  # most segments and mixed steps a fused run admitting arrivals plans at once
 NEAR = 1e-9  # an arrival this close (relative) to a step boundary ends a run admitting arrivals
@@ -2018,13 +2020,33 @@ class Replica:
         self._gone_t = []
         self._taken = []
         reqs = self.reqs
-        planned = {r for r, _ in feed.sent} if feed is not None else ()  # (sent by the piece: never queued)
-        for adm, start in piece.admitted:  # (taken from the queue the arrival process put them in)
-            if adm not in planned:
-                got = self.waiting.popleft()
-                assert got == adm, (got, adm)
-            if math.isnan(reqs.scheduled[adm]):
-                reqs.scheduled[adm] = start
+        planned = {r for r, _ in feed.sent} if feed is not None else set()  # (sent by the piece: never queued)
+        if piece.ops is None:
+            for adm, start in piece.admitted:  # (taken from the queue the arrival process put them in)
+                if adm not in planned:
+                    got = self.waiting.popleft()
+                    assert got == adm, (got, adm)
+                if math.isnan(reqs.scheduled[adm]):
+                    reqs.scheduled[adm] = start
+        else:  # it preempted: the queue's operations in order (a victim goes back to its head)
+            fresh = set(planned)  # (a send's first admission takes it from no queue)
+            for op, r in piece.ops:
+                if op == PREEMPT_OP:
+                    self.waiting.appendleft(r)
+                elif r in fresh:
+                    fresh.discard(r)
+                else:
+                    got = self.waiting.popleft()
+                    assert got == r, (got, r)
+            for adm, start in piece.admitted:
+                if math.isnan(reqs.scheduled[adm]):
+                    reqs.scheduled[adm] = start
+            for r, *was in piece.preempted:  # (as `_preempt_youngest` syncs them)
+                reqs.generated[r] = was[0]
+                if self.rt.spec is not None:
+                    reqs.proposed[r], reqs.accepted[r], reqs.verify_steps[r], reqs.verify_emitted[r] = was[1:]
+                reqs.preemptions[r] += 1
+            reqs.requeued += len(piece.preempted)
         if piece.first:
             reqs.first_token[[r for r, _ in piece.first]] = [f for _, f in piece.first]
         if piece.done:

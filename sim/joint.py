@@ -46,11 +46,11 @@ import heapq
 import itertools
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from models.memory import BLOCK_SIZE
-from sim.engine import FUSE_MAX_STEPS, NEAR, SendFeed, decode_one, decode_spec
+from sim.engine import ADMIT_OP, FUSE_MAX_STEPS, NEAR, PREEMPT_OP, SendFeed, decode_one, decode_spec
 from sim.fleet import LIVE
 
 if TYPE_CHECKING:
@@ -61,8 +61,9 @@ LOOP_STEPS = 1024  # most steps one piece of a closed loop's plan holds (`loop_p
 EXTEND_ARRIVALS = 512  # arrivals routed by one extension of the plan (then every replica's steps become a piece)
 QUIET_MARGIN = 1e-9  # relative: a replica is left unplanned up to an arrival only this clearly before its next completion
 
-# a step's outcome for `Cursor.advance`
-DONE, WAIT, HARD = 0, 1, 2
+# a step's outcome for `Cursor.advance` (PREEMPT: a decode step that would preempt, which only a
+# cursor that plans preemption takes, as a mixed step: `Cursor._mixed`)
+DONE, WAIT, HARD, PREEMPT = 0, 1, 2, 3
 
 
 @dataclass
@@ -71,7 +72,11 @@ class Piece:
     admissions (request, step start), first tokens (request, time), completions (request, time,
     draft counters), the completions inside it (`gone`, for `Replica.outstanding`), the
     admissions' step starts (`taken`, for `Replica.queued`), and its entries after it, in slot
-    order (request, context, tokens left, prefill target, draft counters)."""
+    order (request, context, tokens left, prefill target, draft counters). Where it preempted
+    (a closed loop's cursor: `Cursor.plan_preempt`), the preemptions in order (request, output
+    so far, drafts proposed, accepted, verifications, verification-emitted tokens) and the queue
+    operations in order (`ops`: admissions and preemptions, which put a request back at the
+    head of the queue)."""
 
     start_s: float
     end_s: float
@@ -84,6 +89,8 @@ class Piece:
     taken: list[float]
     state: tuple[list[int], ...]
     free: int
+    preempted: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
+    ops: list[tuple[int, int]] | None = None
 
 
 class Cursor:
@@ -147,6 +154,10 @@ class Cursor:
         self._dec_held = 0  # what the last `_decode` with drafts left: blocks held, the finished (`_mixed`)
         self._dec_left: list[int] = []
         self.stop_done = False  # `advance` returns after a step with completions (a closed loop: `loop_piece`)
+        # it plans a step that preempts, as the ordinary step would (`_victims`, `_preempt`); the
+        # requests it preempted and has not readmitted: output so far and draft counters
+        self.plan_preempt = False
+        self.victims: dict[int, tuple[int, int, int, int, int]] = {}
         self.split_done = False  # a plain segment logs its step with completions apart (`_segment`)
         self._open()
 
@@ -167,6 +178,8 @@ class Cursor:
         self.first: list[tuple[int, float]] = []
         self.done: list[tuple[int, float, int, int, int, int]] = []
         self.gone: list[tuple[float, int]] = []
+        self.preempted: list[tuple[int, int, int, int, int, int]] = []
+        self.ops: list[tuple[int, int]] = []
 
     def count(self) -> int:
         """Requests running or waiting here at the next arrival (its planned steps end before it)."""
@@ -200,7 +213,8 @@ class Cursor:
                  [self._verified(e) for e in act] if spec else [], vem if spec else [])
         end = self.t if self.t < math.inf else self.end_s
         piece = Piece(self.p_start, end, self.p_steps, self.rows, self.admitted, self.first, self.done, self.gone,
-                      [s for _, s in self.admitted], state, self.free)
+                      [s for _, s in self.admitted], state, self.free, self.preempted,
+                      self.ops if self.preempted else None)
         # renumber the entries (copies: the piece keeps its state as of its end, the cursor plans on)
         pos = {e: i for i, e in enumerate(act)}
         self.partials = [pos[e] for e in self.partials]
@@ -297,11 +311,15 @@ class Cursor:
                 got = self._mixed(a, end_bound)
             elif self.spec is not None:
                 got = self._spec_steps(a, end_bound)
+                if got == PREEMPT:
+                    got = self._mixed(a, end_bound) if self.plan_preempt else HARD
             else:
                 if check and self.quiet(a):
                     return True
                 got = self._segment(a, end_bound, fb)
             check = lazy
+            if got == PREEMPT:
+                got = self._mixed(a, end_bound) if self.plan_preempt else HARD
             if got == WAIT:
                 self.wait_t = self.t
                 return True
@@ -342,9 +360,10 @@ class Cursor:
         PS, KS = self.PS, self.KS
         return [ACC[e] + C[e] - PS - NX[e] for e in dec], [PROP[e] + KS for e in dec]
 
-    def _reserve(self, k: int, dec: list[int]) -> tuple[int, int]:
+    def _reserve(self, k: int, dec: list[int], drop: list[int] | None = None) -> tuple[int, int]:
         """(q_v, KV blocks the decoding sequences' reservation takes): k + 1 tokens capped by what
-        is left, a tree's every node capped by the model's length, one token without speculation."""
+        is left, a tree's every node capped by the model's length, one token without speculation.
+        (`drop`: decoding entries left out of `dec`, for `PlainCursor`, which counts all of them.)"""
         C = self.C
         if not k:
             return 1, sum([1 for e in dec if not C[e] % B])
@@ -359,19 +378,22 @@ class Cursor:
         R = self.R
         return q, sum([(C[e] + (q if q < R[e] else R[e]) + (B - 1)) // B - (C[e] + (B - 1)) // B for e in dec])
 
-    def _prefill_plan(self, n_dec: int, qv: int, free: int) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]], int]:
+    def _prefill_plan(self, n_dec: int, qv: int, free: int, partials: list[int] | None = None, admit: bool = True
+                      ) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]], int]:
         """The step's prefill chunks by `_plan_prefill`'s and `_fit_chunk`'s rules: the token budget
         left after the decodes goes to the partial prefills in slot order, then to the waiting
         requests arrived by t, FCFS, while a slot and a free block remain (a prompt chunked in the
         budget and the blocks left, or whole without chunked prefill). Returns the partials'
         chunks (entry, tokens), the admissions (request, tokens, prefill target) and the blocks
-        left."""
+        left. (`partials`: those a preemption leaves; `admit`: false in a step that preempted, as
+        in the ordinary step: the victim, back at the head of the queue, would take back the
+        blocks just taken from it.)"""
         reqs = self.reqs
         budget = full = self.budget_max - n_dec * qv
         C, TGT = self.C, self.TGT
         chunked = self.chunked
         parts: list[tuple[int, int]] = []
-        for e in self.partials:
+        for e in (self.partials if partials is None else partials):
             if budget <= 0:
                 break
             rem = TGT[e] - C[e]
@@ -390,10 +412,12 @@ class Cursor:
         adm: list[tuple[int, int, int]] = []
         running = len(self.active)
         t = self.t
-        for rid, arrived in self.pending:
+        victims = self.victims
+        for rid, arrived in (self.pending if admit else ()):
             if arrived > t or not (budget > 0 and running < self.max_seqs and free > 0):
                 break
-            tokens = int(reqs.prompt[rid] + reqs.generated[rid])  # a preempted request recomputes its output too
+            # a preempted request recomputes its output too
+            tokens = int(reqs.prompt[rid]) + (victims[rid][0] if rid in victims else int(reqs.generated[rid]))
             alone = budget == full
             if not chunked and not ((tokens <= budget or alone) and -(-tokens // B) <= free):
                 break  # it waits whole
@@ -424,12 +448,14 @@ class Cursor:
         rep, reqs = self.rep, self.reqs
         spec = self.spec
         peek = self._peek
-        if peek is not None and peek[0] == self.t and len(peek[1]) == 7:
-            k, qv, dec, need, parts, adm, cost = peek[1]
+        if peek is not None and peek[0] == self.t and len(peek[1]) == 8:
+            k, qv, dec, need, parts, adm, cost, victims = peek[1]
         else:
             dec = self._decoders()
             n_dec = len(dec)
             k = self._k(len(self.active), dec) if spec is not None else 0
+            victims = vfree = vctx = 0  # the entries the step preempts, their blocks, their decoding contexts
+            partials = None
             if k and self.chunked and self.free > n_dec * (self._qv[k] // B + 1) + self.budget_max // B + len(
                     self.partials) + len(self.pending):
                 # room for every sequence's whole reservation (qv // B + 1 blocks at most) and for
@@ -440,8 +466,12 @@ class Cursor:
             else:
                 qv, need = self._reserve(k, dec)
                 if need > self.free:
-                    return HARD  # it would preempt
-            parts, adm, _ = self._prefill_plan(n_dec, qv, self.free - need)
+                    if not self.plan_preempt:
+                        return HARD  # it would preempt
+                    victims, vpart, vfree, vctx, dec, qv, need = self._victims(k, dec)
+                    n_dec = len(dec)
+                    partials = self.partials[:len(self.partials) - vpart]
+            parts, adm, _ = self._prefill_plan(n_dec, qv, self.free + vfree - need, partials, not victims)
             n_pre = len(parts) + len(adm)
             if not n_dec and not n_pre:
                 return HARD  # nothing fits: the ordinary step preempts
@@ -459,7 +489,7 @@ class Cursor:
                     sum([c * (c + 1) for c in cs]))
             else:
                 pre_tokens = pre_ctx = pre_pairs = 0.0
-            ctx = float(self.ctx) if n_dec else 0.0
+            ctx = float(self.ctx - vctx) if n_dec else 0.0
             if spec is None:
                 cm = self.rt.cost
                 total, flops, nbytes = cm.pass_sums(n_dec + n_pre, n_dec + pre_tokens, ctx + pre_ctx,
@@ -474,7 +504,7 @@ class Cursor:
                     plan = VerifyPlan(float(n_dec) * qv, ctx * qv + float(n_dec) * tri, float(n_dec), ctx)
                 c6 = rep._spec_cost(n_dec, ctx, k, n_pre, pre_tokens, pre_ctx, pre_pairs, plan)
                 cost = (*c6, pre_tokens)
-            self._peek = (self.t, (k, qv, dec, need, parts, adm, cost))
+            self._peek = (self.t, (k, qv, dec, need, parts, adm, cost, victims))
         total, target, draft, over, flops, nbytes, pre_tokens = cost
         t = self.t
         end = t + total
@@ -484,6 +514,8 @@ class Cursor:
             self.wait_end = end
             return WAIT
         self._peek = None
+        for _ in range(victims):  # (the youngest first, as the ordinary step's reservation loop)
+            self._preempt()
         n_dec = len(dec)
         others = self.partials[:] if k else []  # entries that do not decode (the admitted ones join below)
         emitted = self._decode(k, dec)
@@ -503,6 +535,8 @@ class Cursor:
             taken += (c + (B - 1)) // B
             others.append(e)
             self.admitted.append((rid, t))
+            if self.plan_preempt:
+                self.ops.append((ADMIT_OP, rid))
             if c >= tokens:
                 done_pre.append(e)
         if done_pre:  # a prefill done samples its first token (a recomputed one its next token)
@@ -539,20 +573,82 @@ class Cursor:
         self.t = end
         return DONE
 
+    def _ctx_left(self, e: int) -> tuple[int, int]:
+        """Entry e's context and tokens left."""
+        return self.C[e], self.R[e]
+
+    def _victims(self, k: int, dec: list[int]) -> tuple[int, int, int, int, list[int], int, int]:
+        """The youngest entries (the last in slot order) a step of depth k must preempt, one by
+        one until the decoding sequences left fit their reservation in the free blocks and theirs
+        (`Replica.run`'s reservation loop), without preempting them yet: how many, how many of them
+        were prefilling, the blocks and decoding contexts they free, the decoding entries left,
+        and their q_v and reservation."""
+        act = self.active
+        part = set(self.partials)
+        v = vpart = vfree = vctx = n_drop = 0
+        while True:
+            v += 1
+            e = act[-v]
+            c, _ = self._ctx_left(e)
+            vfree += (c + (B - 1)) // B
+            if e in part:
+                vpart += 1
+            else:
+                n_drop += 1
+                vctx += c
+            left = dec[:len(dec) - n_drop]
+            qv, need = self._reserve(k, left, dec[len(dec) - n_drop:])
+            if need <= self.free + vfree:
+                return v, vpart, vfree, vctx, left, qv, need
+
+    def _preempt(self) -> None:
+        """The ordinary step's preemption by recompute (`Replica._preempt_youngest`): the youngest
+        entry leaves its slot and its KV blocks and goes back to the head of the queue, keeping
+        its output so far and its draft counters for its readmission (`victims`, `_add`)."""
+        e = self.active[-1]
+        rid = self.RID[e]
+        c, left = self._ctx_left(e)
+        prop = acc = ver = vem = 0
+        if self.spec is not None:
+            prop, acc, vem = self._counters(e)
+            ver = self._verified(e)
+        self.active.pop()
+        nb = (c + (B - 1)) // B
+        self.free += nb
+        self.held -= nb
+        if e in self.partials:
+            self.partials.remove(e)
+        else:
+            self.ctx -= c
+            self._unindex(e)
+        gen = int(self.reqs.output[rid]) - left
+        self.victims[rid] = (gen, prop, acc, ver, vem)
+        self.preempted.append((rid, gen, prop, acc, ver, vem))
+        self.ops.append((PREEMPT_OP, rid))
+        self.pending.appendleft((rid, -math.inf))
+        self._min_left = None
+
+    def _unindex(self, e: int) -> None:
+        """A decoding entry leaves without finishing (`PlainCursor` forgets its indexes)."""
+
     def _add(self, rid: int, c: int, tokens: int) -> int:
         """An admitted request, prefilling `c` of its `tokens` this step: its entry (its draft
         counters as it left them, when it was preempted)."""
         reqs = self.reqs
         e = len(self.C)
         self.C.append(c)
-        self.R.append(int(reqs.output[rid] - reqs.generated[rid]))
+        v = self.victims.pop(rid, None) if self.victims else None
+        if v is None:  # (as the request table holds it)
+            v = (int(reqs.generated[rid]), int(reqs.proposed[rid]), int(reqs.accepted[rid]), int(reqs.verify_steps[rid]),
+                 int(reqs.verify_emitted[rid]))
+        self.R.append(int(reqs.output[rid]) - v[0])
         self.RID.append(rid)
         self.TGT.append(tokens)
         if self.spec is not None:
-            self.NX.append(int(reqs.lead_off[rid] + reqs.verify_steps[rid]))
-            self.PROP.append(int(reqs.proposed[rid]))
-            self.ACC.append(int(reqs.accepted[rid]))
-            self.VEM.append(int(reqs.verify_emitted[rid]))
+            self.NX.append(int(reqs.lead_off[rid]) + v[3])
+            self.PROP.append(v[1])
+            self.ACC.append(v[2])
+            self.VEM.append(v[4])
         self.active.append(e)
         if c < tokens:
             self.partials.append(e)
@@ -656,7 +752,7 @@ class Cursor:
                     k, cost = self._k(n, act), None
                 qv = qvs[k]
                 if self.free < n * (qv // B + 1) and self._reserve(k, act)[1] > self.free:
-                    return HARD  # it would preempt
+                    return PREEMPT  # it would preempt
                 if cost is None:
                     cost = spec_step(n, float(self.ctx), k)
             total = cost[0]
@@ -723,6 +819,18 @@ class PlainCursor(Cursor):
         super()._renumber(state)
         self._index()
 
+    def _ctx_left(self, e: int) -> tuple[int, int]:
+        if e in self.partials:
+            return self.C[e], self.R[e]
+        return self.C[e] + self.S, self.FIN[e] - self.S
+
+    def _unindex(self, e: int) -> None:
+        self.hist[self.C[e] % B] -= 1
+        self.alive[e] = False
+        heap, alive = self.heap, self.alive
+        while heap and not alive[heap[0][1]]:  # (the next completion's entry is alive)
+            heapq.heappop(heap)
+
     def quiet(self, a: float) -> bool:
         """As `Cursor.quiet`, and the KV blocks its steps before a can grow into are free (a step
         that would preempt shrinks the batch, and a smaller batch steps faster): fewer than
@@ -738,8 +846,13 @@ class PlainCursor(Cursor):
         self.q_until = u if u < kv else kv
         return a < self.q_until
 
-    def _reserve(self, k: int, dec: list[int]) -> tuple[int, int]:
-        return 1, self.hist[(-self.S) % B]  # the decoding sequences whose next token opens a block
+    def _reserve(self, k: int, dec: list[int], drop: list[int] | None = None) -> tuple[int, int]:
+        S = self.S
+        need = self.hist[(-S) % B]  # the decoding sequences whose next token opens a block
+        if drop:
+            C = self.C
+            need -= sum([1 for e in drop if not (C[e] + S) % B])
+        return 1, need
 
     def _decode(self, k: int, dec: list[int]) -> int:
         self.S += 1
@@ -773,8 +886,11 @@ class PlainCursor(Cursor):
         if not heap or heap[0][0] > S:
             return
         count = 0
+        alive = self.alive
         while heap and heap[0][0] <= S:
             _, e = heapq.heappop(heap)
+            if not alive[e]:
+                continue  # (preempted)
             c = self.C[e] + S
             nb = (c + (B - 1)) // B
             self.free += nb
@@ -784,7 +900,8 @@ class PlainCursor(Cursor):
             self.alive[e] = False
             self.done.append((self.RID[e], t, 0, 0, 0, 0))
             count += 1
-        alive = self.alive
+        while heap and not alive[heap[0][1]]:  # (the next completion's entry is alive)
+            heapq.heappop(heap)
         self.active = [e for e in self.active if alive[e]]
         self.gone.append((t, count))
 
@@ -824,7 +941,7 @@ class PlainCursor(Cursor):
                 s_ += 1
             mm = s_
             if mm < 1:
-                return HARD  # it would preempt
+                return PREEMPT  # it would preempt
         last = mm - 1
         slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
         # on the unfused engine's clock (`CostModel.decode_clock`, as `_plan_segment`)
@@ -1126,6 +1243,7 @@ def loop_piece(rep: Replica) -> tuple[Piece, SendFeed, bool] | None:
         return None
     feed = SendFeed(rep.reqs.closed)
     c.stop_done, c.split_done = True, feed.f <= 0
+    c.plan_preempt = True
     fly = deque(zip(feed.times, feed.rids, strict=True))  # sends on their way to the queue, in order
     pend = c.pending
     end_bound = fb.horizon_s

@@ -926,7 +926,7 @@ def test_closed_loop_chunked_prefills_are_planned_by_a_cursor(make_scenario, mon
     """A closed loop of one replica whose prompts are chunked (partial prefills in most steps: the
     capacity ladders' populations near the collapse) is planned by a cursor (`sim.joint.loop_piece`),
     its sends made at its completions, reaching the queue after the frontend's latency (vLLM) or
-    at once (TensorRT-LLM), under KV pressure too (preemption is the ordinary step's): the request
+    at once (TensorRT-LLM), under KV pressure too: the request
     table, the summary and the step table are the unfused engine's, and the cursor planned most
     steps."""
     from models.catalog import get_gpu
@@ -963,6 +963,61 @@ def test_closed_loop_chunked_prefills_are_planned_by_a_cursor(make_scenario, mon
     if spec:
         _same_kv(off.steps, on.steps)
         assert on.requests.verify_steps.sum() > 0
+
+
+_PREEMPTING = {
+    "plain-chunked": ("vllm-v1", None, 8000, 512, True, _LONG_PROMPTS, 1),
+    "plain-whole-prompts": ("trtllm", None, 12000, 2048, False, {"dist": "lognormal", "median": 600, "p90": 2000}, 3),
+    "draft-k4": ("trtllm", {"method": "draft_model", "draft_model": "llama-3.2-1b", "num_speculative_tokens": 4},
+                 6000, 2048, True, {"dist": "lognormal", "median": 600, "p90": 2000}, 5),
+    "eagle-adaptive": ("vllm-v1", {"method": "eagle", "num_speculative_tokens": 3, "policy": "adaptive"},
+                       10000, 1024, True, _LONG_PROMPTS, 6),
+    "tree": ("vllm-v1", {"method": "tree", "tree_drafter": "eagle3", "num_speculative_tokens": 4,
+                         "tree_branching": [2, 2, 1, 1]}, 10000, 1024, True, {"dist": "lognormal", "median": 600, "p90": 2000}, 8),
+}
+
+
+@pytest.mark.parametrize("name", list(_PREEMPTING))
+def test_closed_loop_preemptions_are_planned_by_the_cursor(make_scenario, monkeypatch, name: str) -> None:
+    """A closed loop of one replica whose KV cache holds a few sequences (the capacity ladders'
+    full-load populations on KV-starved deployments) preempts at most steps. The cursor plans those
+    steps as the ordinary step takes them (the youngest sequences out until the rest fit their
+    reservation, back at the head of the queue with their output and draft counters, nothing
+    admitted in that step; `Cursor._victims`, `Cursor._preempt`), so its pieces go on through
+    preemptions: the request table (preemption counts included) and the step table are the unfused
+    engine's, and pieces planned nearly every step."""
+    from models.catalog import get_gpu
+    from sim import joint
+
+    engine, spec, kv_tokens, budget, chunked, prompts, seed = _PREEMPTING[name]
+    planned = {"pieces": 0, "steps": 0, "preempted": 0}
+    inner = joint.loop_piece
+
+    def counted(rep):
+        got = inner(rep)
+        if got is not None:
+            planned["pieces"] += 1
+            planned["steps"] += got[0].steps
+            planned["preempted"] += len(got[0].preempted)
+        return got
+
+    monkeypatch.setattr(joint, "loop_piece", counted)
+    plan = build_runtime(make_scenario()).plan
+    need = plan.weight_bytes + plan.activation_bytes + plan.runtime_bytes + plan.extra_bytes
+    util = round((need + kv_tokens * plan.kv_bytes_per_token) / get_gpu("h100-sxm").hbm_bytes, 6)
+    sc = make_scenario(deployment={"engine": engine, "max_num_batched_tokens": budget, "chunked_prefill": chunked,
+                                   "gpu_memory_utilization": util}, **({"speculative": spec} if spec else {}),
+                       workload={"arrival": "closed", "concurrency": 32, "num_requests": 200, "rate_rps": None,
+                                 "duration_s": 60.0, "warmup_s": 5.0, "prompt_tokens": prompts},
+                       sim={"drain_s": 1e4})
+    on, off = _both(sc, seed)
+    _same_requests(off.requests, on.requests)
+    assert not _close({k: v for k, v in off.summary.items() if k != "scenario"},
+                      {k: v for k, v in on.summary.items() if k != "scenario"})
+    _same_steps(off.steps, on.steps)
+    assert int(off.requests.preemptions.sum()) > 20
+    assert planned["preempted"] >= 0.8 * int(off.requests.preemptions.sum()), planned
+    assert planned["steps"] >= 0.7 * len(off.steps), (planned, len(off.steps))
 
 
 def test_a_piece_lands_exactly_on_its_planned_end() -> None:
