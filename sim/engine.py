@@ -635,6 +635,7 @@ class Replica:
         self._gone_t: list[float] = []
         self._gone_n: list[int] = [0]
         self._taken: list[float] = []  # a fused run in flight: the start of each admission inside it
+        self._pre_t: list[float] = []  # a joint piece in flight: the start of each step that preempted inside it
         self._loop_hard = False  # a closed loop's piece ended before a step the ordinary step must take
         self._step_parts: dict[tuple[int, int, bool], Any] = {}  # `_spec_step`'s cached terms
         self._parents_k: dict[int, list[float]] = {}  # `_parents`
@@ -661,6 +662,9 @@ class Replica:
         that admits requests, less those whose admitting step has already started (they leave
         the queue only when the run ends; an arrival at the same instant as a step start comes
         first, URGENT, and still sees them waiting)."""
+        if self._pre_t:  # (a victim waits from its step's start; its readmission is one of `_taken`)
+            now = self.env.now
+            return len(self.waiting) - bisect.bisect_left(self._taken, now) + bisect.bisect_left(self._pre_t, now)
         if self._taken:
             return len(self.waiting) - bisect.bisect_left(self._taken, self.env.now)
         return len(self.waiting)
@@ -2015,10 +2019,15 @@ class Replica:
         self._gone_t = [t for t, _ in piece.gone]
         self._gone_n = list(itertools.accumulate((c for _, c in piece.gone), initial=0))
         self._taken = piece.taken
+        self._pre_t = piece.pre_t
+        # (the arrival process's backlog bound counts these preemptions from the piece's start: an
+        # upper bound stays one)
+        self.reqs.requeued += len(piece.preempted)
         yield from land_at(env, piece.end_s)
         self._gone = []
         self._gone_t = []
         self._taken = []
+        self._pre_t = []
         reqs = self.reqs
         planned = {r for r, _ in feed.sent} if feed is not None else set()  # (sent by the piece: never queued)
         if piece.ops is None:
@@ -2046,7 +2055,6 @@ class Replica:
                 if self.rt.spec is not None:
                     reqs.proposed[r], reqs.accepted[r], reqs.verify_steps[r], reqs.verify_emitted[r] = was[1:]
                 reqs.preemptions[r] += 1
-            reqs.requeued += len(piece.preempted)
         if piece.first:
             reqs.first_token[[r for r, _ in piece.first]] = [f for _, f in piece.first]
         if piece.done:

@@ -61,8 +61,8 @@ LOOP_STEPS = 1024  # most steps one piece of a closed loop's plan holds (`loop_p
 EXTEND_ARRIVALS = 512  # arrivals routed by one extension of the plan (then every replica's steps become a piece)
 QUIET_MARGIN = 1e-9  # relative: a replica is left unplanned up to an arrival only this clearly before its next completion
 
-# a step's outcome for `Cursor.advance` (PREEMPT: a decode step that would preempt, which only a
-# cursor that plans preemption takes, as a mixed step: `Cursor._mixed`)
+# a step's outcome for `Cursor.advance` (PREEMPT: a decode step that would preempt, which
+# `Cursor._mixed` plans as the ordinary step takes it)
 DONE, WAIT, HARD, PREEMPT = 0, 1, 2, 3
 
 
@@ -72,11 +72,11 @@ class Piece:
     admissions (request, step start), first tokens (request, time), completions (request, time,
     draft counters), the completions inside it (`gone`, for `Replica.outstanding`), the
     admissions' step starts (`taken`, for `Replica.queued`), and its entries after it, in slot
-    order (request, context, tokens left, prefill target, draft counters). Where it preempted
-    (a closed loop's cursor: `Cursor.plan_preempt`), the preemptions in order (request, output
-    so far, drafts proposed, accepted, verifications, verification-emitted tokens) and the queue
-    operations in order (`ops`: admissions and preemptions, which put a request back at the
-    head of the queue)."""
+    order (request, context, tokens left, prefill target, draft counters). Where it preempted,
+    the preemptions in order (request, output so far, drafts proposed, accepted, verifications,
+    verification-emitted tokens), their steps' starts (`pre_t`, for `Replica.queued`) and the
+    queue operations in order (`ops`: admissions and preemptions, which put a request back at
+    the head of the queue)."""
 
     start_s: float
     end_s: float
@@ -90,6 +90,7 @@ class Piece:
     state: tuple[list[int], ...]
     free: int
     preempted: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
+    pre_t: list[float] = field(default_factory=list)
     ops: list[tuple[int, int]] | None = None
 
 
@@ -99,8 +100,9 @@ class Cursor:
     (`partials`), the requests sent to it and not yet admitted with their arrival times (FCFS),
     its free KV blocks, and `t`, the start of its next step (inf when idle). `advance(a)` plans
     its steps that end before a, by the ordinary step's rules (`Replica.run`): the decoding
-    sequences' KV reservation, then the token budget left to the partial prefills in slot order and
-    to the waiting requests FCFS (chunked, or whole without chunked prefill), the step's price, the
+    sequences' KV reservation (preempting the youngest while it does not fit: `_victims`,
+    `_preempt`), then the token budget left to the partial prefills in slot order and to the
+    waiting requests FCFS (none after a preemption; chunked, or whole without chunked prefill), the step's price, the
     decoding sequences' outcomes, the prefills' progress (a finished one samples its token), and
     the completions. Every entry holds ceil(context / B) KV blocks between steps (`held`)."""
 
@@ -154,9 +156,8 @@ class Cursor:
         self._dec_held = 0  # what the last `_decode` with drafts left: blocks held, the finished (`_mixed`)
         self._dec_left: list[int] = []
         self.stop_done = False  # `advance` returns after a step with completions (a closed loop: `loop_piece`)
-        # it plans a step that preempts, as the ordinary step would (`_victims`, `_preempt`); the
-        # requests it preempted and has not readmitted: output so far and draft counters
-        self.plan_preempt = False
+        # the requests it preempted (`_victims`, `_preempt`: as the ordinary step does) and has not
+        # readmitted: output so far and draft counters
         self.victims: dict[int, tuple[int, int, int, int, int]] = {}
         self.split_done = False  # a plain segment logs its step with completions apart (`_segment`)
         self._open()
@@ -179,6 +180,7 @@ class Cursor:
         self.done: list[tuple[int, float, int, int, int, int]] = []
         self.gone: list[tuple[float, int]] = []
         self.preempted: list[tuple[int, int, int, int, int, int]] = []
+        self.pre_t: list[float] = []
         self.ops: list[tuple[int, int]] = []
 
     def count(self) -> int:
@@ -213,7 +215,7 @@ class Cursor:
                  [self._verified(e) for e in act] if spec else [], vem if spec else [])
         end = self.t if self.t < math.inf else self.end_s
         piece = Piece(self.p_start, end, self.p_steps, self.rows, self.admitted, self.first, self.done, self.gone,
-                      [s for _, s in self.admitted], state, self.free, self.preempted,
+                      [s for _, s in self.admitted], state, self.free, self.preempted, self.pre_t,
                       self.ops if self.preempted else None)
         # renumber the entries (copies: the piece keeps its state as of its end, the cursor plans on)
         pos = {e: i for i, e in enumerate(act)}
@@ -276,23 +278,33 @@ class Cursor:
         """Whether nothing here can change its count before a without planning: nothing waits or
         prefills, and its fewest tokens left, at the most tokens a step emits, take steps that
         cannot end before a (a step lasts at least the plain decode step of the running batch at
-        its context). The time before which that holds is kept (`q_until`)."""
+        its context), and the KV blocks those steps can grow into are free (a step that preempts
+        shrinks the batch, and a smaller batch steps faster): s steps add at most s q_v tokens to a
+        sequence, so at most (s q_v) // B + 1 blocks. The time before which that holds is kept
+        (`q_until`)."""
         if self.pending or self.partials or not self.active:
             return not (self.pending or self.partials)
         m = self._min_left
         if m is None:
             R = self.R
             m = self._min_left = min([R[e] for e in self.active])
+        qmax = 1
         if self.spec is not None:
             m = -(-m // (self.spec.k + 1))
-        d = self.rt.cost.decode_s(len(self.active), float(self.ctx))
-        self.q_until = _quiet_until(self.t + m * d)
+            qmax = max(self._qv)
+        n = len(self.active)
+        d = self.rt.cost.decode_s(n, float(self.ctx))
+        u = _quiet_until(self.t + m * d)
+        f = self.free // n
+        s_max = (f * B - 1) // qmax if f else 0  # the most steps whose blocks are free
+        kv = _quiet_until(self.t + d * (s_max - 1)) if s_max > 1 else -math.inf
+        self.q_until = u if u < kv else kv
         return a < self.q_until
 
     def advance(self, a: float, end_bound: float, fb: FuseBound, lazy: bool = False) -> bool:
         """Plan the steps that end before a; False when the step at t cannot be planned here (the
-        ordinary step must take it: a decode step that would preempt, a step with nothing to do,
-        a step ending at or past `end_bound`). `lazy` (the plan routing an arrival at a, which
+        ordinary step must take it: a step in which nothing fits, a step ending at or past
+        `end_bound`). `lazy` (the plan routing an arrival at a, which
         needs only the count at a): once a step is planned, stop before plain decode steps that
         cannot change the count before a (`quiet`), which a later call plans in one segment with
         those that follow (not cut at a)."""
@@ -311,15 +323,13 @@ class Cursor:
                 got = self._mixed(a, end_bound)
             elif self.spec is not None:
                 got = self._spec_steps(a, end_bound)
-                if got == PREEMPT:
-                    got = self._mixed(a, end_bound) if self.plan_preempt else HARD
             else:
                 if check and self.quiet(a):
                     return True
                 got = self._segment(a, end_bound, fb)
             check = lazy
-            if got == PREEMPT:
-                got = self._mixed(a, end_bound) if self.plan_preempt else HARD
+            if got == PREEMPT:  # (a decode step that preempts: planned by the mixed step's rules)
+                got = self._mixed(a, end_bound)
             if got == WAIT:
                 self.wait_t = self.t
                 return True
@@ -465,9 +475,7 @@ class Cursor:
                 qv, need = self._qv[k], 0
             else:
                 qv, need = self._reserve(k, dec)
-                if need > self.free:
-                    if not self.plan_preempt:
-                        return HARD  # it would preempt
+                if need > self.free:  # it preempts
                     victims, vpart, vfree, vctx, dec, qv, need = self._victims(k, dec)
                     n_dec = len(dec)
                     partials = self.partials[:len(self.partials) - vpart]
@@ -535,8 +543,7 @@ class Cursor:
             taken += (c + (B - 1)) // B
             others.append(e)
             self.admitted.append((rid, t))
-            if self.plan_preempt:
-                self.ops.append((ADMIT_OP, rid))
+            self.ops.append((ADMIT_OP, rid))
             if c >= tokens:
                 done_pre.append(e)
         if done_pre:  # a prefill done samples its first token (a recomputed one its next token)
@@ -624,6 +631,7 @@ class Cursor:
         gen = int(self.reqs.output[rid]) - left
         self.victims[rid] = (gen, prop, acc, ver, vem)
         self.preempted.append((rid, gen, prop, acc, ver, vem))
+        self.pre_t.append(self.t)
         self.ops.append((PREEMPT_OP, rid))
         self.pending.appendleft((rid, -math.inf))
         self._min_left = None
@@ -983,7 +991,7 @@ def _quiet_until(x: float) -> float:
 
 def cursor_for(rep: Replica, t: float) -> Cursor:
     """A replica's cursor from its state at t: speculative steps one by one, or plain decode in
-    closed form (`PlainCursor`)."""
+    closed form (`PlainCursor`); it plans the steps that preempt."""
     return Cursor(rep, t) if rep.rt.spec is not None else PlainCursor(rep, t)
 
 
@@ -1243,7 +1251,6 @@ def loop_piece(rep: Replica) -> tuple[Piece, SendFeed, bool] | None:
         return None
     feed = SendFeed(rep.reqs.closed)
     c.stop_done, c.split_done = True, feed.f <= 0
-    c.plan_preempt = True
     fly = deque(zip(feed.times, feed.rids, strict=True))  # sends on their way to the queue, in order
     pend = c.pending
     end_bound = fb.horizon_s

@@ -1020,6 +1020,72 @@ def test_closed_loop_preemptions_are_planned_by_the_cursor(make_scenario, monkey
     assert planned["steps"] >= 0.7 * len(off.steps), (planned, len(off.steps))
 
 
+@pytest.mark.parametrize(("spec", "reps", "rate", "backlog"), [
+    (None, 3, 6.0, None),
+    ({"method": "draft_model", "draft_model": "llama-3.2-1b", "num_speculative_tokens": 2,
+      "policy": "disable_above_batch", "disable_batch_size": 4}, 4, 8.0, 20),
+])
+def test_rack_preemptions_are_planned_by_the_joint_plan(make_scenario, monkeypatch, spec: dict[str, Any] | None,
+                                                          reps: int, rate: float, backlog: int | None) -> None:
+    """Least outstanding over replicas whose KV caches hold a few sequences: the joint plan's
+    cursors plan the steps that preempt (`Cursor._victims`), and a replica's queue during a piece
+    counts its victims from their step's start (`Replica.queued`, which the backlog stop reads:
+    here after every arrival, against a limit the run reaches; and sampled every 37 ms). The
+    request and step tables and the queues are the unfused engine's, and pieces planned most of
+    the preemptions."""
+    from models.catalog import get_gpu
+    from sim import joint
+    from sim import run as run_mod
+
+    planned = {"preempted": 0}
+    boundary = joint.RackPlanner.boundary
+
+    def counted(self, rep):
+        got = boundary(self, rep)
+        if got is not None:
+            planned["preempted"] += len(got.preempted)
+        return got
+
+    monkeypatch.setattr(joint.RackPlanner, "boundary", counted)
+    inner = run_mod._arrivals
+    probes: list[list[tuple[float, list[int]]]] = []
+
+    def probed(env, *a, **k):
+        # every replica's queue as `Replica.queued` shows it, every 37 ms (off the steps' grid)
+        seen: list[tuple[float, list[int]]] = []
+        probes.append(seen)
+
+        def probe():
+            while True:
+                yield env.timeout(0.037)
+                seen.append((env.now, [r.queued() for r in k["pool"]]))
+
+        env.process(probe())
+        return inner(env, *a, **{**k, "every": True})
+
+    monkeypatch.setattr(run_mod, "_arrivals", probed)
+    plan = build_runtime(make_scenario()).plan
+    need = plan.weight_bytes + plan.activation_bytes + plan.runtime_bytes + plan.extra_bytes
+    util = round((need + 4000 * plan.kv_bytes_per_token) / get_gpu("h100-sxm").hbm_bytes, 6)
+    sc = make_scenario(rack={"gpu": "h100-sxm", "num_gpus": 4 * reps},
+                       deployment={"engine": "trtllm" if spec else "vllm-v1", "max_num_batched_tokens": 2048 if spec else 512,
+                                   "gpu_memory_utilization": util},
+                       **({"speculative": spec} if spec else {}),
+                       workload={"rate_rps": rate, "duration_s": 120.0, "warmup_s": 5.0,
+                                 "prompt_tokens": {"dist": "lognormal", "median": 600, "p90": 2000} if spec else _LONG_PROMPTS,
+                                 "output_tokens": {"dist": "lognormal", "median": 200, "p90": 600}},
+                       sim={"drain_s": 600.0, **({"backlog_limit": backlog} if backlog else {})})
+    on, off = _both(sc, 32 if spec else 34)
+    assert probes[0] == probes[1][:len(probes[0])] and len(probes[0]) > 1000
+    _same_requests(off.requests, on.requests)
+    assert not _close({k: v for k, v in off.summary.items() if k != "scenario"},
+                      {k: v for k, v in on.summary.items() if k != "scenario"})
+    _same_steps(off.steps, on.steps)
+    total = int(off.requests.preemptions.sum())
+    assert total > 50 and planned["preempted"] >= 0.5 * total, (planned, total)
+    assert on.summary["truncated"] is bool(backlog)
+
+
 def test_a_piece_lands_exactly_on_its_planned_end() -> None:
     """A planned piece ends at the very time its plan counted with, also where no single delay
     from its start lands there (an end over twice the start: found in a capacity ladder's closed
