@@ -645,14 +645,14 @@ class Cursor:
         reqs = self.reqs
         e = len(self.C)
         self.C.append(c)
-        v = self.victims.pop(rid, None) if self.victims else None
-        if v is None:  # (as the request table holds it)
-            v = (int(reqs.generated[rid]), int(reqs.proposed[rid]), int(reqs.accepted[rid]), int(reqs.verify_steps[rid]),
-                 int(reqs.verify_emitted[rid]))
-        self.R.append(int(reqs.output[rid]) - v[0])
+        v = self.victims.pop(rid, None) if self.victims else None  # (preempted by this cursor)
+        self.R.append(int(reqs.output[rid]) - (int(reqs.generated[rid]) if v is None else v[0]))
         self.RID.append(rid)
         self.TGT.append(tokens)
         if self.spec is not None:
+            if v is None:  # (as the request table holds them)
+                v = (0, int(reqs.proposed[rid]), int(reqs.accepted[rid]), int(reqs.verify_steps[rid]),
+                     int(reqs.verify_emitted[rid]))
             self.NX.append(int(reqs.lead_off[rid]) + v[3])
             self.PROP.append(v[1])
             self.ACC.append(v[2])
