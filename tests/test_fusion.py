@@ -913,6 +913,35 @@ def test_a_replica_is_not_planned_up_to_arrivals_that_cannot_change_its_count(ma
     assert len(on.steps) < 0.93 * len(eager.steps)  # (0.84 when written)
 
 
+def _kv_fraction(sc, tokens: int) -> float:
+    """The gpu_memory_utilization that leaves the scenario's deployment (on H100s) a paged KV of
+    about `tokens` tokens."""
+    from models.catalog import get_gpu
+
+    plan = build_runtime(sc).plan
+    need = plan.weight_bytes + plan.activation_bytes + plan.runtime_bytes + plan.extra_bytes
+    return round((need + tokens * plan.kv_bytes_per_token) / get_gpu("h100-sxm").hbm_bytes, 6)
+
+
+def _count_loop_pieces(monkeypatch) -> dict[str, int]:
+    """Counts of the closed loops' pieces (`sim.joint.loop_piece`), their steps and preemptions."""
+    from sim import joint
+
+    planned = {"pieces": 0, "steps": 0, "preempted": 0}
+    inner = joint.loop_piece
+
+    def counted(rep):
+        got = inner(rep)
+        if got is not None:
+            planned["pieces"] += 1
+            planned["steps"] += got[0].steps
+            planned["preempted"] += len(got[0].preempted)
+        return got
+
+    monkeypatch.setattr(joint, "loop_piece", counted)
+    return planned
+
+
 _LONG_PROMPTS = {"dist": "lognormal", "median": 1500, "p90": 4000}  # most longer than the budget: chunked
 
 
@@ -929,25 +958,10 @@ def test_closed_loop_chunked_prefills_are_planned_by_a_cursor(make_scenario, mon
     at once (TensorRT-LLM), under KV pressure too: the request
     table, the summary and the step table are the unfused engine's, and the cursor planned most
     steps."""
-    from models.catalog import get_gpu
-    from sim import joint
-
-    planned = {"pieces": 0, "steps": 0}
-    inner = joint.loop_piece
-
-    def counted(rep):
-        got = inner(rep)
-        if got is not None:
-            planned["pieces"] += 1
-            planned["steps"] += got[0].steps
-        return got
-
-    monkeypatch.setattr(joint, "loop_piece", counted)
+    planned = _count_loop_pieces(monkeypatch)
     deployment: dict[str, Any] = {"engine": engine, "max_num_batched_tokens": 512}
     if kv_tokens:
-        plan = build_runtime(make_scenario()).plan
-        need = plan.weight_bytes + plan.activation_bytes + plan.runtime_bytes + plan.extra_bytes
-        deployment["gpu_memory_utilization"] = round((need + kv_tokens * plan.kv_bytes_per_token) / get_gpu("h100-sxm").hbm_bytes, 6)
+        deployment["gpu_memory_utilization"] = _kv_fraction(make_scenario(), kv_tokens)
     sc = make_scenario(deployment=deployment, **({"speculative": spec} if spec else {}),
                        workload={"arrival": "closed", "concurrency": 24, "num_requests": 160, "rate_rps": None,
                                  "duration_s": 60.0, "warmup_s": 5.0, "prompt_tokens": _LONG_PROMPTS},
@@ -985,26 +999,10 @@ def test_closed_loop_preemptions_are_planned_by_the_cursor(make_scenario, monkey
     reservation, back at the head of the queue with their output and draft counters, nothing
     admitted in that step; `Cursor._victims`, `Cursor._preempt`), so its pieces go on through
     preemptions: the request table (preemption counts included) and the step table are the unfused
-    engine's, and pieces planned nearly every step."""
-    from models.catalog import get_gpu
-    from sim import joint
-
+    engine's, and pieces planned most steps."""
     engine, spec, kv_tokens, budget, chunked, prompts, seed = _PREEMPTING[name]
-    planned = {"pieces": 0, "steps": 0, "preempted": 0}
-    inner = joint.loop_piece
-
-    def counted(rep):
-        got = inner(rep)
-        if got is not None:
-            planned["pieces"] += 1
-            planned["steps"] += got[0].steps
-            planned["preempted"] += len(got[0].preempted)
-        return got
-
-    monkeypatch.setattr(joint, "loop_piece", counted)
-    plan = build_runtime(make_scenario()).plan
-    need = plan.weight_bytes + plan.activation_bytes + plan.runtime_bytes + plan.extra_bytes
-    util = round((need + kv_tokens * plan.kv_bytes_per_token) / get_gpu("h100-sxm").hbm_bytes, 6)
+    planned = _count_loop_pieces(monkeypatch)
+    util = _kv_fraction(make_scenario(), kv_tokens)
     sc = make_scenario(deployment={"engine": engine, "max_num_batched_tokens": budget, "chunked_prefill": chunked,
                                    "gpu_memory_utilization": util}, **({"speculative": spec} if spec else {}),
                        workload={"arrival": "closed", "concurrency": 32, "num_requests": 200, "rate_rps": None,
@@ -1033,7 +1031,6 @@ def test_rack_preemptions_are_planned_by_the_joint_plan(make_scenario, monkeypat
     here after every arrival, against a limit the run reaches; and sampled every 37 ms). The
     request and step tables and the queues are the unfused engine's, and pieces planned most of
     the preemptions."""
-    from models.catalog import get_gpu
     from sim import joint
     from sim import run as run_mod
 
@@ -1064,9 +1061,7 @@ def test_rack_preemptions_are_planned_by_the_joint_plan(make_scenario, monkeypat
         return inner(env, *a, **{**k, "every": True})
 
     monkeypatch.setattr(run_mod, "_arrivals", probed)
-    plan = build_runtime(make_scenario()).plan
-    need = plan.weight_bytes + plan.activation_bytes + plan.runtime_bytes + plan.extra_bytes
-    util = round((need + 4000 * plan.kv_bytes_per_token) / get_gpu("h100-sxm").hbm_bytes, 6)
+    util = _kv_fraction(make_scenario(), 4000)
     sc = make_scenario(rack={"gpu": "h100-sxm", "num_gpus": 4 * reps},
                        deployment={"engine": "trtllm" if spec else "vllm-v1", "max_num_batched_tokens": 2048 if spec else 512,
                                    "gpu_memory_utilization": util},
