@@ -661,7 +661,8 @@ class Replica:
         """Requests waiting here now, as the unfused engine would show them: during a fused run
         that admits requests, less those whose admitting step has already started (they leave
         the queue only when the run ends; an arrival at the same instant as a step start comes
-        first, URGENT, and still sees them waiting)."""
+        first, URGENT, and still sees them waiting), plus those a joint piece's steps preempted,
+        from their step's start (they join the queue only when the piece ends)."""
         if self._pre_t:  # (a victim waits from its step's start; its readmission is one of `_taken`)
             now = self.env.now
             return len(self.waiting) - bisect.bisect_left(self._taken, now) + bisect.bisect_left(self._pre_t, now)
