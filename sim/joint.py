@@ -284,14 +284,7 @@ class Cursor:
         (`q_until`)."""
         if self.pending or self.partials or not self.active:
             return not (self.pending or self.partials)
-        m = self._min_left
-        if m is None:
-            R = self.R
-            m = self._min_left = min([R[e] for e in self.active])
-        qmax = 1
-        if self.spec is not None:
-            m = -(-m // (self.spec.k + 1))
-            qmax = max(self._qv)
+        m, qmax = self._fewest_steps()
         n = len(self.active)
         d = self.rt.cost.decode_s(n, float(self.ctx))
         u = _quiet_until(self.t + m * d)
@@ -300,6 +293,17 @@ class Cursor:
         kv = _quiet_until(self.t + d * (s_max - 1)) if s_max > 1 else -math.inf
         self.q_until = u if u < kv else kv
         return a < self.q_until
+
+    def _fewest_steps(self) -> tuple[int, int]:
+        """(The fewest steps before a decoding sequence can finish: its fewest tokens left at the
+        most tokens a step emits; the most tokens a step adds to a sequence's KV, q_v at most.)"""
+        m = self._min_left
+        if m is None:
+            R = self.R
+            m = self._min_left = min([R[e] for e in self.active])
+        if self.spec is None:
+            return m, 1
+        return -(-m // (self.spec.k + 1)), max(self._qv)
 
     def advance(self, a: float, end_bound: float, fb: FuseBound, lazy: bool = False) -> bool:
         """Plan the steps that end before a; False when the step at t cannot be planned here (the
@@ -835,24 +839,16 @@ class PlainCursor(Cursor):
     def _unindex(self, e: int) -> None:
         self.hist[self.C[e] % B] -= 1
         self.alive[e] = False
+        self._pop_dead()
+
+    def _pop_dead(self) -> None:
+        """Drop preempted entries off the heap's top: its top is the next completion."""
         heap, alive = self.heap, self.alive
-        while heap and not alive[heap[0][1]]:  # (the next completion's entry is alive)
+        while heap and not alive[heap[0][1]]:
             heapq.heappop(heap)
 
-    def quiet(self, a: float) -> bool:
-        """As `Cursor.quiet`, and the KV blocks its steps before a can grow into are free (a step
-        that would preempt shrinks the batch, and a smaller batch steps faster): fewer than
-        (free // n) * B steps start before a (each sequence takes a block every B steps at most)."""
-        if self.pending or self.partials or not self.active:
-            return not (self.pending or self.partials)
-        n = len(self.active)
-        d = self.rt.cost.decode_s(n, float(self.ctx))
-        t = self.t
-        u = _quiet_until(t + (self.heap[0][0] - self.S) * d)
-        f = self.free // n
-        kv = _quiet_until(t + d * (f * B - 1)) if f else -math.inf
-        self.q_until = u if u < kv else kv
-        return a < self.q_until
+    def _fewest_steps(self) -> tuple[int, int]:
+        return self.heap[0][0] - self.S, 1  # (the next completion, from the heap)
 
     def _reserve(self, k: int, dec: list[int], drop: list[int] | None = None) -> tuple[int, int]:
         S = self.S
@@ -908,8 +904,7 @@ class PlainCursor(Cursor):
             self.alive[e] = False
             self.done.append((self.RID[e], t, 0, 0, 0, 0))
             count += 1
-        while heap and not alive[heap[0][1]]:  # (the next completion's entry is alive)
-            heapq.heappop(heap)
+        self._pop_dead()
         self.active = [e for e in self.active if alive[e]]
         self.gone.append((t, count))
 
@@ -1103,7 +1098,6 @@ class RackPlanner:
             self.carry[r] = []
             if later:  # (sent here by the plan, arriving later)
                 c.pending.extend(later)
-                c.q_until = -math.inf
                 c.wake(later[0][1])
 
 
