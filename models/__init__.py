@@ -3,6 +3,7 @@
 Nothing here imports SimPy; every function is importable and testable on its own.
 """
 
+from models import _native  # noqa: F401  (first: the compiled modules are imported only when built from these sources)
 from models.catalog import (
     GPUS,
     KV_FORMATS,

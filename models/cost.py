@@ -212,7 +212,7 @@ class CostModel:
         # sharded projections' inputs and outputs, read once and written once; a MoE layer's MLP
         # activations are those of its k routed and shared experts
         d = m.hidden_size
-        ff: float = m.intermediate_size
+        ff: float = float(m.intermediate_size)
         if m.num_experts:
             moe_ff = (m.experts_per_token + m.num_shared_experts) * m.expert_ff
             ff = (m.num_dense_layers * m.intermediate_size + m.moe_layers * moe_ff) / m.num_layers

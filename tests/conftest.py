@@ -4,12 +4,17 @@ and a wall-clock guard so that a scheduling livelock fails a test instead of han
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# the engine's modules as source, also where they are compiled (models/_native.py): tests patch
+# their methods, which compiled classes do not allow; tests/test_native.py runs both builds
+os.environ["SPECRACK_PURE"] = "1"
 
 from sim.scenario import Scenario, load_scenario, scenario_from_dict
 
