@@ -192,10 +192,8 @@ def fusion_bench(names: str = "abc", quick: bool = False, unfused_max_requests: 
 
 
 def build() -> str:
-    """Which engine build runs: compiled by mypyc at install, or the sources (models/_native.py)."""
-    import sim.engine
-    import sim.fleet
-    import sim.joint  # noqa: F401  (the label reads the modules imported)
+    """Which engine build runs: compiled by mypyc at install, or the sources (models/_native.py;
+    `sim.simulate` has imported the engine's modules)."""
     from models import _native
 
     return _native.build_label()

@@ -41,6 +41,7 @@ from experiments.plan_cost import COST_KEYS, CostSpec, monthly_cost, parse_cost
 from experiments.plan_day import DAY_KEYS, DaySpec, day_traffic, parse_day
 from experiments.plan_store import capacity_of, ladder_of, summary
 from experiments.sweep import Variant, check_distinct, default_sweep_path, parse_variant
+from models import _native
 from models.catalog import GPUS, get_gpu
 from models.engines import get_profile, resolve
 from models.errors import ConfigError, unknown
@@ -1548,6 +1549,7 @@ def main_plan(a: Any) -> int:
     print(f"plan '{spec.name}'{' (--quick)' if a.quick else ''}:", file=sys.stderr)
     for k, v in spec.inputs().items():
         print(f"  {k}: {v}", file=sys.stderr)
+    print(f"  engine: {_native.build_label()}", file=sys.stderr)
     for w in spec.warnings:
         print(f"specrack: {w}", file=sys.stderr)
     if kept:

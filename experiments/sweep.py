@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from models import _native
 from models.errors import ConfigError
 from sim.capacity import Capacity, baseline_of, capacity_key, remember
 from sim.metrics import relaxation_s
@@ -578,6 +579,7 @@ def main_sweep(a: Any) -> int:
     n = len(spec.variants) * len(spec.points) * len(spec.seeds)
     print(f"sweep '{spec.name}': {len(spec.variants)} variants x {len(spec.points)} {spec.axis} points x "
           f"{len(spec.seeds)} seeds = {n} runs -> {out}/", file=sys.stderr)
+    print(f"engine: {_native.build_label()}", file=sys.stderr)
     try:
         with executor_for(a.executor, jobs=a.jobs, scheduler=getattr(a, "scheduler", None),
                           timeout_s=getattr(a, "scheduler_timeout", 10.0)) as executor:
