@@ -1549,7 +1549,7 @@ def main_plan(a: Any) -> int:
     print(f"plan '{spec.name}'{' (--quick)' if a.quick else ''}:", file=sys.stderr)
     for k, v in spec.inputs().items():
         print(f"  {k}: {v}", file=sys.stderr)
-    print(f"  engine: {_native.build_label()}", file=sys.stderr)
+    print(f"  engine build: {_native.build_label()}", file=sys.stderr)
     for w in spec.warnings:
         print(f"specrack: {w}", file=sys.stderr)
     if kept:
