@@ -15,12 +15,13 @@ max_num_seqs x window tokens (in `extra_bytes`), and the paged blocks hold the f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from models.catalog import GIB
 from models.cost import CostModel
 from models.errors import ConfigError
 
-BLOCK_SIZE = 16  # tokens per paged KV block, vLLM's default
+BLOCK_SIZE: Final = 16  # tokens per paged KV block, vLLM's default
 RUNTIME_RESERVE_BYTES = 1.5 * GIB
 
 

@@ -47,7 +47,7 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from models.memory import BLOCK_SIZE
 from sim.engine import ADMIT_OP, FUSE_MAX_STEPS, NEAR, PREEMPT_OP, SendFeed, decode_one, decode_spec
@@ -56,14 +56,17 @@ from sim.fleet import LIVE
 if TYPE_CHECKING:
     from sim.engine import FuseBound, Replica
 
-B = BLOCK_SIZE
+B: Final = BLOCK_SIZE  # (Final: the compiled build reads constants as C values, not module attributes)
 LOOP_STEPS = 1024  # most steps one piece of a closed loop's plan holds (`loop_piece`)
 EXTEND_ARRIVALS = 512  # arrivals routed by one extension of the plan (then every replica's steps become a piece)
 QUIET_MARGIN = 1e-9  # relative: a replica is left unplanned up to an arrival only this clearly before its next completion
 
 # a step's outcome for `Cursor.advance` (PREEMPT: a decode step that would preempt, which
 # `Cursor._mixed` plans as the ordinary step takes it)
-DONE, WAIT, HARD, PREEMPT = 0, 1, 2, 3
+DONE: Final = 0
+WAIT: Final = 1
+HARD: Final = 2
+PREEMPT: Final = 3
 
 
 @dataclass
