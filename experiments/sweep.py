@@ -578,8 +578,7 @@ def main_sweep(a: Any) -> int:
         raise ConfigError("--executor dask needs --scheduler tcp://HOST:PORT (or use --executor dask-local)")
     n = len(spec.variants) * len(spec.points) * len(spec.seeds)
     print(f"sweep '{spec.name}': {len(spec.variants)} variants x {len(spec.points)} {spec.axis} points x "
-          f"{len(spec.seeds)} seeds = {n} runs -> {out}/", file=sys.stderr)
-    print(f"engine build: {_native.build_label()}", file=sys.stderr)
+          f"{len(spec.seeds)} seeds = {n} runs -> {out}/ (engine build: {_native.build_label()})", file=sys.stderr)
     try:
         with executor_for(a.executor, jobs=a.jobs, scheduler=getattr(a, "scheduler", None),
                           timeout_s=getattr(a, "scheduler_timeout", 10.0)) as executor:

@@ -107,7 +107,7 @@ def build_label() -> str:
     """'compiled (mypyc)' or 'pure Python' (with why), for benchmarks and reports."""
     got = compiled_modules()
     if got and len(got) == sum(n in sys.modules for n in COMPILED):
-        return "compiled (mypyc): " + ", ".join(got)
+        return "compiled (mypyc)"
     if pure_requested():
         return f"pure Python ({PURE_ENV} set)"
     if _extension(SHARED) is None:
