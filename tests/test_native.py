@@ -24,7 +24,8 @@ def _env(pure: bool) -> dict[str, str]:
 def _built() -> bool:
     """Whether this checkout's install compiled the engine (else the comparison is skipped: a
     machine without a C compiler installs pure Python)."""
-    probe = "import sim.engine, sim.joint, sim.fleet, models.cost; from models import _native; print(_native.compiled_modules())"
+    probe = (f"import importlib; [importlib.import_module(n) for n in {_native.COMPILED!r}]; "
+             "from models import _native; print(_native.compiled_modules())")
     out = subprocess.run([sys.executable, "-c", probe], env=_env(pure=False), capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     return out.returncode == 0 and len(eval(out.stdout.strip() or "()")) == len(_native.COMPILED)
