@@ -104,9 +104,13 @@ def expected_experts(tokens: float | np.ndarray, num_experts: int, k: int, skew:
     return float(out) if np.ndim(out) == 0 else out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(init=False)
 class StepCost:
-    """Typed breakdown of one forward pass (or one engine step). Units in the names."""
+    """Typed breakdown of one forward pass (or one engine step). Units in the names. A value: never
+    changed once built. (Its `__init__` is written out, not generated, and it is not `frozen`: in
+    the compiled build (models/_native.py) a dataclass's generated `__init__` runs interpreted,
+    and a frozen one's 11 `object.__setattr__` calls per step were a tenth of a compiled closed
+    loop's CPU.)"""
 
     flops: float
     weight_bytes: float
@@ -118,16 +122,35 @@ class StepCost:
     comm_s: float
     overhead_s: float
     total_s: float
-    seq_overhead_s: float = 0.0  # the per-sequence host cost inside overhead_s
+    seq_overhead_s: float  # the per-sequence host cost inside overhead_s
+
+    def __init__(self, flops: float, weight_bytes: float, kv_read_bytes: float, kv_write_bytes: float,
+                 act_bytes: float, compute_s: float, memory_s: float, comm_s: float, overhead_s: float,
+                 total_s: float, seq_overhead_s: float = 0.0) -> None:
+        self.flops = flops
+        self.weight_bytes = weight_bytes
+        self.kv_read_bytes = kv_read_bytes
+        self.kv_write_bytes = kv_write_bytes
+        self.act_bytes = act_bytes
+        self.compute_s = compute_s
+        self.memory_s = memory_s
+        self.comm_s = comm_s
+        self.overhead_s = overhead_s
+        self.total_s = total_s
+        self.seq_overhead_s = seq_overhead_s
 
     @property
     def bytes(self) -> float:
         return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.act_bytes
 
     def as_dict(self) -> dict[str, float]:
-        d = {f: getattr(self, f) for f in self.__slots__}
+        d = {f: getattr(self, f) for f in STEP_COST_FIELDS}
         d["bytes"] = self.bytes
         return d
+
+
+STEP_COST_FIELDS = ("flops", "weight_bytes", "kv_read_bytes", "kv_write_bytes", "act_bytes", "compute_s", "memory_s",
+                    "comm_s", "overhead_s", "total_s", "seq_overhead_s")
 
 
 def efficiency_for(gpu: GPU, engine: str = DEFAULT_PROFILE) -> Efficiency:
