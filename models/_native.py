@@ -1,7 +1,7 @@
 """Which build of the engine's hot modules Python imports: compiled (mypyc) or the source.
 
 `pip install -e .` compiles `COMPILED` with mypyc when it can (setup.py: a C compiler and
-Python's headers; otherwise it says so and installs pure Python). The compiled modules are the
+Python's headers; otherwise it installs pure Python). The compiled modules are the
 same source, so they give the same results bit for bit (tests/test_native.py) at a fraction of the
 per-step cost (docs/PERFORMANCE.md). Python prefers an extension module to a source file of the
 same name, so an edited source would silently run its old compiled build: the finder below imports
