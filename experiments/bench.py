@@ -18,6 +18,7 @@ from typing import Any
 
 import simpy
 
+from models import _native
 from sim.scenario import load_scenario
 from sim.simulate import simulate
 
@@ -191,22 +192,14 @@ def fusion_bench(names: str = "abc", quick: bool = False, unfused_max_requests: 
     return out
 
 
-def build() -> str:
-    """Which engine build runs: compiled by mypyc at install, or the sources (models/_native.py;
-    `sim.simulate` has imported the engine's modules)."""
-    from models import _native
-
-    return _native.build_label()
-
-
 def run_bench(quick: bool = False, fusion: str = "") -> dict[str, Any]:
     if fusion:
-        return {"build": build(), "fusion": fusion_bench(fusion, quick)}
+        return {"build": _native.build_label(), "fusion": fusion_bench(fusion, quick)}
     sizes = (1_000, 10_000) if quick else (10_000, 100_000)
     bare = bare_simpy_rate()
     points = [bench_point(n) for n in sizes]
     for p in points:
         p["ratio_to_bare_simpy"] = p["steps_per_s"] / bare
-    return {"build": build(), "bare_simpy_timeouts_per_s": bare, "cost_model": cost_model_us(), "points": points,
+    return {"build": _native.build_label(), "bare_simpy_timeouts_per_s": bare, "cost_model": cost_model_us(), "points": points,
             "growth_per_request": points[1]["wall_us_per_request"] / points[0]["wall_us_per_request"],
             "note": "peak_rss_mib is the process peak so far (ru_maxrss); growth_per_request ~1 means linear"}

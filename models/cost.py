@@ -149,8 +149,7 @@ class StepCost:
         return d
 
 
-STEP_COST_FIELDS = ("flops", "weight_bytes", "kv_read_bytes", "kv_write_bytes", "act_bytes", "compute_s", "memory_s",
-                    "comm_s", "overhead_s", "total_s", "seq_overhead_s")
+STEP_COST_FIELDS = tuple(f.name for f in dataclasses.fields(StepCost))
 
 
 def efficiency_for(gpu: GPU, engine: str = DEFAULT_PROFILE) -> Efficiency:

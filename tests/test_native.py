@@ -3,6 +3,7 @@ and an edited source is never shadowed by its old compiled build."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -28,7 +29,7 @@ def _built() -> bool:
              "from models import _native; print(_native.compiled_modules())")
     out = subprocess.run([sys.executable, "-c", probe], env=_env(pure=False), capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
-    return out.returncode == 0 and len(eval(out.stdout.strip() or "()")) == len(_native.COMPILED)
+    return out.returncode == 0 and len(ast.literal_eval(out.stdout.strip() or "()")) == len(_native.COMPILED)
 
 
 def _runs(pure: bool) -> dict[str, object]:
