@@ -56,6 +56,9 @@ from models.errors import ConfigError
 __all__ = ["ACT_BYTES", "CostModel", "Efficiency", "ServiceTimeCost", "StepCost", "check_tp", "efficiency_for"]
 
 ACT_BYTES = 2.0  # activations and all-reduce payloads are bf16 in every format we model
+# `CostModel.pass_parts`: linear time, KV written, weights, activations, communication, overhead,
+# linear FLOPs (a fixed shape: compiled, each item unboxes to a C double)
+PassParts = tuple[float, float, float, float, float, float, float]
 
 
 def expert_inclusion(num_experts: int, k: int, skew: float = 0.0) -> np.ndarray:
@@ -258,7 +261,7 @@ class CostModel:
         self.pass_overhead_s = m.num_layers * e.layer_overhead_s
         self._peak_attn = self.peak * self.mfu_max  # the attention kernels' compute roofline (step_sums)
         self._decode_parts: dict[int, tuple[float, float, float, float]] = {}  # decode_s's per-batch-size terms
-        self._pass_parts: dict[tuple[int, float, bool], tuple[float, ...]] = {}  # pass_sums's per-(batch, tokens) terms
+        self._pass_parts: dict[tuple[int, float, bool], PassParts] = {}  # pass_sums's per-(batch, tokens) terms
         self._run_bytes: dict[float, float] = {}  # run_sums's per-step bytes but the KV read, per tokens
 
     # ------------------------------------------------------------------ MoE, windows
@@ -533,7 +536,7 @@ class CostModel:
         total = lin + (attn_c if attn_c > attn_m else attn_m) + comm_s + overhead_s
         return total, lin_f + attn_f, w + kv_r + kv_w + act
 
-    def pass_parts(self, num_seqs: int, tokens: float, step_overhead: bool = True) -> tuple[float, ...]:
+    def pass_parts(self, num_seqs: int, tokens: float, step_overhead: bool = True) -> PassParts:
         """`pass_sums`'s cached terms of a pass that depend on its sequences and new tokens only
         (tokens > 0, no sliding window): max(linear compute, linear memory) as `step_sums` takes
         it, KV written, weights, activations, communication, overhead, linear FLOPs."""

@@ -74,6 +74,18 @@ SPEC_STEP_SEQS = 64
 ADAPTIVE_SCALAR_SEQS = 40  # the adaptive policy weighs a larger batch's acceptance estimates with numpy
 
 
+# `Replica._spec_step`'s cached terms, typed item by item (compiled, its arithmetic is then on C
+# doubles, not Python objects): a draft pass's (half its context growth, `CostModel.pass_parts`, the
+# draft's attention FLOPs per pair, attention peak, KV bytes per token, bandwidth, TP); the plain
+# decode pass's (linear, KV written, communication, overhead, and the same four); the step's (q, pairs of
+# an empty context, the verification's `pass_parts`, the target's four and TP, the draft's, the
+# plain pass's, the machinery's overhead fraction)
+DraftParts = tuple[float, float, float, float, float, float, float, float, float, float, float, float, int]
+PlainParts = tuple[float, float, float, float, float, float, float, float]
+StepParts = tuple[int, float, float, float, float, float, float, float, float, float, float, float, float, int,
+                  DraftParts | None, PlainParts | None, float | None]
+
+
 class VerifyPlan(NamedTuple):
     """The decode part of a speculating step for the methods beyond the plain chain (trees, a
     windowed self-draft, suffix matches): target tokens and attention pairs of the decoding
@@ -169,10 +181,11 @@ def decode_spec(C: list[int], R: list[int], NX: list[int], lead: bytes, k: int, 
     emitted = held = 0
     left: list[int] = []
     for e in entries:
-        a = lead[NX[e]]
+        nx = NX[e]
+        a = lead[nx]
         if a > k:
             a = k
-        NX[e] += 1
+        NX[e] = nx + 1  # (not `+=`: mypyc compiles an item's augmented assignment to generic object arithmetic)
         x = a + 1
         r = R[e]
         if x >= r:
@@ -193,10 +206,10 @@ def _counters(entries: list[int], C: list[int], NX: list[int], PROP: list[int], 
     in place (each entry once: after this they are counters again)."""
     for e in entries:
         d = C[e] - PS
-        PROP[e] += KS
-        ACC[e] += d - NX[e] + fix.get(e, 0)
-        VER[e] += NX[e]
-        VEM[e] += d
+        PROP[e] = PROP[e] + KS
+        ACC[e] = ACC[e] + (d - NX[e] + fix.get(e, 0))
+        VER[e] = VER[e] + NX[e]
+        VEM[e] = VEM[e] + d
 
 
 def exact_delay(now: float, end_s: float) -> float:
@@ -548,7 +561,54 @@ class SendFeed:
                 loop.enqueue_at(rid, q)
 
 
+# whether this module runs compiled (mypyc: a shared object, not this source): the adaptive policy's
+# sums then loop in compiled code, where the interpreter unrolls them or hands them to numpy (the
+# same figures bit for bit either way: tests/test_speculative_math.py)
+COMPILED = not __file__.endswith(".py")
+
 _EXPECTED_SUMS: dict[int, Callable[[int, list[int], list[int], list[float]], list[float]]] = {}
+
+
+def expected_sums_loop(n: int, acc: list[int], prop: list[int], dp: list[float]) -> list[float]:
+    """`_expected_sums` as one loop for every k_max (what the compiled build runs): sequence by
+    sequence, the survival products' running sum added to each depth's total."""
+    nf = float(n)
+    k_max = len(dp)
+    e = [nf] * (k_max + 1)
+    if not k_max:
+        return e
+    for j in range(len(acc)):
+        a = (acc[j] + 2.8) / (prop[j] + 4.0)
+        s = a * dp[0]
+        t = s
+        e[1] = e[1] + t  # (a list item's `+=` compiles to generic object arithmetic)
+        for i in range(1, k_max):
+            s *= a * dp[i]
+            t += s
+            e[i + 1] = e[i + 1] + t
+    return e
+
+
+def expected_sums_by_depth(n: int, acc: list[int], prop: list[int], dp: list[float]) -> list[float]:
+    """The same expected tokens summed as numpy sums a large batch's (`Replica._adaptive_choice`,
+    k_max >= 2): each depth's survival products over the sequences in order (numpy's sum over
+    the rows of a (sequences x depths) array adds row by row), cumulated over the depths, plus n;
+    bit for bit numpy's figures, in scalars (what the compiled build runs)."""
+    k_max = len(dp)
+    S = [0.0] * k_max
+    for j in range(len(acc)):
+        a = (acc[j] + 2.8) / (prop[j] + 4.0)
+        s = a * dp[0]
+        S[0] = s if j == 0 else S[0] + s
+        for i in range(1, k_max):
+            s = s * (a * dp[i])
+            S[i] = s if j == 0 else S[i] + s
+    out = [float(n)]
+    c = 0.0
+    for i in range(k_max):
+        c = S[i] if i == 0 else c + S[i]
+        out.append(n + c)
+    return out
 
 
 def _expected_sums(k_max: int) -> Callable[[int, list[int], list[int], list[float]], list[float]]:
@@ -556,7 +616,10 @@ def _expected_sums(k_max: int) -> Callable[[int, list[int], list[int], list[floa
     decoding sequences (n + sum over them of the first k survival products, each sequence's
     acceptance estimated as (accepted + 2.8) / (proposed + 4)), as a function written out for
     this k_max: the loop over depths unrolled, the same multiplications and additions in the same
-    order as the loop (bit-identical), in half its time. Made once per k_max."""
+    order as the loop (bit-identical), in half its time. Made once per k_max. Compiled, the loop
+    itself (`expected_sums_loop`)."""
+    if COMPILED:
+        return expected_sums_loop
     fn = _EXPECTED_SUMS.get(k_max)
     if fn is None:
         e = [f"e{i}" for i in range(1, k_max + 1)]
@@ -637,7 +700,7 @@ class Replica:
         self._taken: list[float] = []  # a fused run in flight: the start of each admission inside it
         self._pre_t: list[float] = []  # a joint piece in flight: the start of each step that preempted inside it
         self._loop_hard = False  # a closed loop's piece ended before a step the ordinary step must take
-        self._step_parts: dict[tuple[int, int, bool], Any] = {}  # `_spec_step`'s cached terms
+        self._step_parts: dict[int, StepParts] = {}  # `_spec_step`'s cached terms, by `_spec_step`'s key
         self._parents_k: dict[int, list[float]] = {}  # `_parents`
         self.rack: RackPlanner | None = None  # least outstanding over several replicas: planned jointly (sim/joint.py)
         self.proc = env.process(self.run())
@@ -859,7 +922,9 @@ class Replica:
         k_max = spec.k
         n = len(acc)
         dp = self._decay_pows
-        if n > ADAPTIVE_SCALAR_SEQS:  # (numpy over a large batch: the same choice wherever it is made)
+        if n > ADAPTIVE_SCALAR_SEQS and COMPILED and k_max >= 2:  # (numpy's figures, in compiled scalars)
+            exp = expected_sums_by_depth(n, acc, prop, dp)
+        elif n > ADAPTIVE_SCALAR_SEQS:  # (numpy over a large batch: the same choice wherever it is made)
             a_arr = (np.array(acc, dtype=np.float64) + 2.8) / (np.array(prop, dtype=np.float64) + 4.0)
             surv_arr = np.cumprod(a_arr[:, None] * np.array(dp)[None, :], axis=1)
             exp = [float(n), *(n + np.cumsum(surv_arr.sum(axis=0))).tolist()]
@@ -2224,9 +2289,9 @@ class Replica:
         KS = PS = 0
         fix: dict[int, int] = {}
         for e in active:
-            ACC[e] += NX[e] - C[e]
-            VER[e] -= NX[e]
-            VEM[e] -= C[e]
+            ACC[e] = ACC[e] + (NX[e] - C[e])
+            VER[e] = VER[e] - NX[e]
+            VEM[e] = VEM[e] - C[e]
         lead = reqs.lead_b
         t = self.env.now
         least = False
@@ -2462,7 +2527,7 @@ class Replica:
         and whether speculation is on): a short fused run's steps cost less so than with numpy."""
         if k and self.rt.spec is not None and self.rt.spec.shape is not None:
             return self._shape_step(n_dec, ctx, k)
-        key = (n_dec, k, self.speculating)
+        key = (n_dec * 1024 + k) * 2 + self.speculating  # (n_dec, k < 1024, speculating) as one int
         pr = self._step_parts.get(key)
         if pr is None:
             pr = self._step_parts[key] = self._spec_step_parts(n_dec, k)
@@ -2479,7 +2544,7 @@ class Replica:
         flops = (lin_f + attn_f) * tp
         nbytes = (w + kv_r + kv_w + act) * tp
         draft = 0.0
-        if draft_p:
+        if draft_p is not None:
             (half, d_lin, d_kv_w, d_w, d_act, d_comm, d_over, d_lin_f, d_apf, d_peak, d_kvb, d_bw, d_tp) = draft_p
             mean_ctx = ctx + half
             d_attn_f = d_apf * (mean_ctx + n_dec)
@@ -2492,7 +2557,7 @@ class Replica:
         step = total + draft
         if frac is None:
             over = 0.0
-        elif plain_p:
+        elif plain_p is not None:
             p_lin, p_kv_w, p_comm, p_over, p_apf, p_peak, p_kvb, p_bw = plain_p
             p_attn_c = p_apf * (ctx + n_dec) / p_peak
             p_attn_m = (p_kvb * ctx + p_kv_w) / p_bw
@@ -2543,7 +2608,7 @@ class Replica:
             got = self._parents_k[k] = [float(x) for x in spec.shape.parents(k)]
         return got
 
-    def _spec_step_parts(self, n_dec: int, k: int) -> tuple[Any, ...]:
+    def _spec_step_parts(self, n_dec: int, k: int) -> StepParts:
         """`_spec_step`'s terms that depend on the batch and k only (a fused replica's models have
         no sliding window, `affine_in_context`, so `pass_sums` would take them from its cache)."""
         rt = self.rt
@@ -2552,20 +2617,23 @@ class Replica:
         assert spec is not None and isinstance(cost, CostModel)
         dc = spec.draft_cost
         assert not cost.window and not (isinstance(dc, CostModel) and dc.window)
+        if k >= 1024:
+            raise ValueError("at most 1023 speculative tokens")  # (`_spec_step`'s cache key)
         q = k + 1
-        parts = cost.pass_parts(n_dec, n_dec * q + 0.0)
-        draft_p: tuple[Any, ...] | None = None
+        lin, kv_w, w, act, comm_s, over_s, lin_f = cost.pass_parts(n_dec, n_dec * q + 0.0)
+        draft_p: DraftParts | None = None
         if dc is not None and k > 0:
             assert isinstance(dc, CostModel)
-            draft_p = (n_dec * (k - 1) / 2.0, *dc.pass_parts(n_dec, n_dec, False), dc.attn_flops_per_pair,
-                       dc._peak_attn, dc.kv_bytes_per_token_gpu, dc.bw, dc.tp)
-        plain_p: tuple[Any, ...] | None = None
+            d_lin, d_kv_w, d_w, d_act, d_comm, d_over, d_lin_f = dc.pass_parts(n_dec, n_dec, False)
+            draft_p = (n_dec * (k - 1) / 2.0, d_lin, d_kv_w, d_w, d_act, d_comm, d_over, d_lin_f,
+                       dc.attn_flops_per_pair, dc._peak_attn, dc.kv_bytes_per_token_gpu, dc.bw, dc.tp)
+        plain_p: PlainParts | None = None
         if self.speculating and k > 0:
             pl = cost.pass_parts(n_dec, n_dec)
             plain_p = (pl[0], pl[1], pl[4], pl[5], cost.attn_flops_per_pair, cost._peak_attn, cost.kv_bytes_per_token_gpu,
                        cost.bw)
-        return (q, n_dec * q * (q + 1) / 2.0, *parts, cost.attn_flops_per_pair, cost._peak_attn,
-                cost.kv_bytes_per_token_gpu, cost.bw, cost.tp, draft_p, plain_p,
+        return (q, n_dec * q * (q + 1) / 2.0, lin, kv_w, w, act, comm_s, over_s, lin_f, cost.attn_flops_per_pair,
+                cost._peak_attn, cost.kv_bytes_per_token_gpu, cost.bw, cost.tp, draft_p, plain_p,
                 self._overhead_frac(n_dec) if self.speculating else None)
 
     def _spec_cost_many(self, n_dec: int, ctx: np.ndarray, k: int) -> tuple[Any, ...]:

@@ -253,9 +253,9 @@ class Cursor:
         KS, PS = self.KS, self.PS
         for e in entries:  # (applied once per entry: at the cursor's start, at its prefill's end)
             d = C[e] - PS
-            PROP[e] -= KS
-            VEM[e] -= d
-            ACC[e] -= d - NX[e]
+            PROP[e] = PROP[e] - KS
+            VEM[e] = VEM[e] - d
+            ACC[e] = ACC[e] - (d - NX[e])
 
     def _counters(self, e: int) -> tuple[int, int, int]:
         """Entry e's drafts proposed, accepted and its verification-emitted tokens (`_offsets`)."""
@@ -558,7 +558,7 @@ class Cursor:
             for e in done_pre:
                 if R[e] == int(reqs.output[self.RID[e]]):
                     self.first.append((self.RID[e], end))
-                R[e] -= 1
+                R[e] = R[e] - 1
             emitted += len(done_pre)
             self._prefilled(done_pre)
         self._min_left = None

@@ -65,6 +65,12 @@ def main() -> None:
                               "deployment.kv_cache": "fp8", "deployment.max_num_batched_tokens": 2048,
                               "speculative": DRAFT})
     out["closed-loop"] = repr(closed_loop_throughput(one, 40, 1, completions=400))
+    # the adaptive policy over batches of more than ADAPTIVE_SCALAR_SEQS sequences (numpy's sums, or
+    # the compiled build's scalars for them), at k = 4 and at k = 2 (numpy sums one column otherwise)
+    for k in (4, 2):
+        big = load_scenario(MIX, {"rack.num_gpus": 4, "speculative": {**DRAFT, "num_speculative_tokens": k,
+                                                                       "policy": "adaptive"}})
+        out[f"closed-loop-adaptive-k{k}"] = repr(closed_loop_throughput(big, 96, 1, completions=300))
     print(json.dumps(out))
 
 

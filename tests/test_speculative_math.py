@@ -185,7 +185,7 @@ def test_adaptive_expected_sums_are_the_loop_bit_for_bit() -> None:
     depth loop they replace exactly, for every k_max, decay and batch."""
     import random
 
-    from sim.engine import _expected_sums
+    from sim.engine import _expected_sums, expected_sums_loop
 
     rnd = random.Random(3)
     for k in range(0, 8):
@@ -203,6 +203,29 @@ def test_adaptive_expected_sums_are_the_loop_bit_for_bit() -> None:
                         tot += surv
                         exp[i + 1] += tot
                 assert _expected_sums(k)(n, acc, prop, dp) == exp
+                assert expected_sums_loop(n, acc, prop, dp) == exp  # (the compiled build's)
+
+
+def test_adaptive_sums_by_depth_are_numpys_bit_for_bit() -> None:
+    """Over a batch of more than ADAPTIVE_SCALAR_SEQS sequences the adaptive policy sums with
+    numpy in the interpreter and in scalars compiled (`expected_sums_by_depth`, k_max >= 2): the
+    same figures exactly, for every k_max, decay and batch. (At k_max = 1 numpy sums the single
+    column pairwise: the compiled build keeps numpy there.)"""
+    import random
+
+    from sim.engine import ADAPTIVE_SCALAR_SEQS, expected_sums_by_depth
+
+    rnd = random.Random(5)
+    for k in range(2, 9):
+        for decay in (1.0, 0.93):
+            dp = [decay**i for i in range(k)]
+            for _ in range(40):
+                n = rnd.randint(ADAPTIVE_SCALAR_SEQS + 1, 300)
+                acc = [rnd.randint(0, 2000) for _ in range(n)]
+                prop = [a + rnd.randint(0, 2000) for a in acc]
+                a_arr = (np.array(acc, dtype=np.float64) + 2.8) / (np.array(prop, dtype=np.float64) + 4.0)
+                surv = np.cumprod(a_arr[:, None] * np.array(dp)[None, :], axis=1)
+                assert expected_sums_by_depth(n, acc, prop, dp) == [float(n), *(n + np.cumsum(surv.sum(axis=0))).tolist()]
 
 
 def test_acceptance_quantiles_kept_per_class_are_the_direct_inversion() -> None:
