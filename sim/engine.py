@@ -1566,7 +1566,8 @@ class Replica:
             be = base[e]
             free += (be + S + (B - 1)) // B
             sum_base -= be
-            hist[be % B] -= 1
+            h = be % B
+            hist[h] = hist[h] - 1
             alive[e] = False
             done.append(t)
             gone.append(e)
@@ -1737,7 +1738,8 @@ class Replica:
                 rids.append(rid)
                 alive.append(True)
                 heapq.heappush(heap, (S + out, e))
-                hist[be % B] += 1
+                h = be % B
+                hist[h] = hist[h] + 1
                 sum_base += be
                 n += 1
                 admitted.append((rid, t, end))

@@ -139,8 +139,9 @@ class Cursor:
         # (built in C: a closed loop's queue holds most of its clients, and a cursor may plan few steps)
         self.pending: deque[tuple[int, float]] = deque(zip(rep.waiting, itertools.repeat(-math.inf)))
         self.free = rep.free_blocks
-        self.held = sum([(c + (B - 1)) // B for c in self.C])
-        self.ctx = sum([self.C[e] for e in self._decoders()])  # the decoding sequences' contexts
+        # (annotated: inferred, both were Any, and compiled every operation on them generic)
+        self.held: int = sum([(c + (B - 1)) // B for c in self.C])
+        self.ctx: int = sum([self.C[e] for e in self._decoders()])  # the decoding sequences' contexts
         self.since = t  # it describes the replica from this time on
         self.t = t if (n or self.pending) else math.inf
         self.end_s = t  # when it last went idle
@@ -465,6 +466,16 @@ class Cursor:
         rep, reqs = self.rep, self.reqs
         spec = self.spec
         peek = self._peek
+        # (typed here, not by the kept plan's first assignment below: compiled, an untyped local is
+        # a Python object and every operation on it generic)
+        k: int
+        qv: int
+        dec: list[int]
+        need: int
+        parts: list[tuple[int, int]]
+        adm: list[tuple[int, int, int]]
+        cost: tuple[float, float, float, float, float, float, float]
+        victims: int
         if peek is not None and peek[0] == self.t and len(peek[1]) == 8:
             k, qv, dec, need, parts, adm, cost, victims = peek[1]
         else:
@@ -756,6 +767,9 @@ class Cursor:
         while True:
             n = len(act)
             peek = self._peek
+            k: int
+            qv: int
+            cost: tuple[float, float, float, float, float, float] | None  # (typed: see `_mixed`)
             if peek is not None and peek[0] == t and len(peek[1]) == 3:
                 k, qv, cost = peek[1]
             else:
@@ -770,6 +784,7 @@ class Cursor:
                     return PREEMPT  # it would preempt
                 if cost is None:
                     cost = spec_step(n, float(self.ctx), k)
+            assert cost is not None
             total = cost[0]
             end = t + total
             if end >= end_bound or end >= a:  # the step is the ordinary one's, or waits for the arrival at a
@@ -818,7 +833,8 @@ class PlainCursor(Cursor):
         heap = []
         for e in range(n):
             if e not in p:
-                self.hist[self.C[e] % B] += 1
+                h = self.C[e] % B
+                self.hist[h] = self.hist[h] + 1
                 heap.append((self.FIN[e], e))
         heapq.heapify(heap)
         self.heap = heap
@@ -840,7 +856,8 @@ class PlainCursor(Cursor):
         return self.C[e] + self.S, self.FIN[e] - self.S
 
     def _unindex(self, e: int) -> None:
-        self.hist[self.C[e] % B] -= 1
+        h = self.C[e] % B
+        self.hist[h] = self.hist[h] - 1
         self.alive[e] = False
         self._pop_dead()
 
@@ -879,7 +896,8 @@ class PlainCursor(Cursor):
             f = S + self.R[e]
             self.FIN[e] = f
             heapq.heappush(self.heap, (f, e))
-            self.hist[be % B] += 1
+            h = be % B
+            self.hist[h] = self.hist[h] + 1
 
     def _add(self, rid: int, c: int, tokens: int) -> int:
         e = super()._add(rid, c, tokens)
@@ -903,7 +921,8 @@ class PlainCursor(Cursor):
             self.free += nb
             self.held -= nb
             self.ctx -= c
-            self.hist[self.C[e] % B] -= 1
+            h = self.C[e] % B
+            self.hist[h] = self.hist[h] - 1
             self.alive[e] = False
             self.done.append((self.RID[e], t, 0, 0, 0, 0))
             count += 1
