@@ -193,10 +193,15 @@ class Cursor:
 
     def _decoders(self) -> list[int]:
         """The entries that decode (their prefill done), in slot order."""
-        if not self.partials:
+        partials = self.partials
+        if not partials:
             return self.active
-        p = set(self.partials)
-        return [e for e in self.active if e not in p]
+        act = self.active
+        m = len(partials)
+        if act[len(act) - m:] == partials:  # (the common case: the prefilling entries are the youngest, in order)
+            return act[:len(act) - m]
+        p = set(partials)
+        return [e for e in act if e not in p]
 
     def _entries(self) -> tuple[list[int], ...]:
         """Every entry's (request, context, tokens left, prefill target), in slot order."""
