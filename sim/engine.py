@@ -577,6 +577,36 @@ def expected_sums_loop(n: int, acc: list[int], prop: list[int], dp: list[float])
     e = [nf] * (k_max + 1)
     if not k_max:
         return e
+    if k_max <= 6:  # (depths up to 6 in local doubles, not a list's boxed floats: the same operations)
+        d = dp + [0.0] * (6 - k_max)
+        d0, d1, d2, d3, d4, d5 = d[0], d[1], d[2], d[3], d[4], d[5]
+        e1 = e2 = e3 = e4 = e5 = e6 = nf
+        for j in range(len(acc)):
+            a = (acc[j] + 2.8) / (prop[j] + 4.0)
+            s = a * d0
+            t = s
+            e1 += t
+            if k_max > 1:
+                s *= a * d1
+                t += s
+                e2 += t
+                if k_max > 2:
+                    s *= a * d2
+                    t += s
+                    e3 += t
+                    if k_max > 3:
+                        s *= a * d3
+                        t += s
+                        e4 += t
+                        if k_max > 4:
+                            s *= a * d4
+                            t += s
+                            e5 += t
+                            if k_max > 5:
+                                s *= a * d5
+                                t += s
+                                e6 += t
+        return [nf, e1, e2, e3, e4, e5, e6][:k_max + 1]
     for j in range(len(acc)):
         a = (acc[j] + 2.8) / (prop[j] + 4.0)
         s = a * dp[0]

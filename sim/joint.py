@@ -67,6 +67,9 @@ DONE: Final = 0
 WAIT: Final = 1
 HARD: Final = 2
 PREEMPT: Final = 3
+# a request's output so far and draft counters (proposed, accepted, verifications, verification-emitted)
+# before it is first admitted
+FRESH: Final = (0, 0, 0, 0, 0)
 
 
 @dataclass
@@ -669,13 +672,16 @@ class Cursor:
         e = len(self.C)
         self.C.append(c)
         v = self.victims.pop(rid, None) if self.victims else None  # (preempted by this cursor)
-        self.R.append(int(reqs.output[rid]) - (int(reqs.generated[rid]) if v is None else v[0]))
+        if v is None:
+            if reqs.preemptions[rid]:  # preempted before, by an ordinary step: as the request table holds it
+                v = (int(reqs.generated[rid]), int(reqs.proposed[rid]), int(reqs.accepted[rid]),
+                     int(reqs.verify_steps[rid]), int(reqs.verify_emitted[rid]))
+            else:  # never admitted before: nothing generated, no drafts counted (only preemptions write them back)
+                v = FRESH
+        self.R.append(int(reqs.output[rid]) - v[0])
         self.RID.append(rid)
         self.TGT.append(tokens)
         if self.spec is not None:
-            if v is None:  # (as the request table holds them)
-                v = (0, int(reqs.proposed[rid]), int(reqs.accepted[rid]), int(reqs.verify_steps[rid]),
-                     int(reqs.verify_emitted[rid]))
             self.NX.append(int(reqs.lead_off[rid]) + v[3])
             self.PROP.append(v[1])
             self.ACC.append(v[2])
