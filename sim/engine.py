@@ -171,21 +171,21 @@ def decode_one(C: list[int], R: list[int], entries: list[int]) -> tuple[int, lis
     return held, left
 
 
-def decode_spec(C: list[int], R: list[int], NX: list[int], lead: bytes, k: int, entries: list[int],
+def decode_spec(C: list[int], R: list[int], NX: list[int], V: int, lead: bytes, k: int, entries: list[int],
                 fix: dict[int, int]) -> tuple[int, int, list[int]]:
     """A planned step of depth k > 0 whose draft counters are kept as offsets (`Cursor._offsets`):
-    every entry reads its next verification outcome (`lead` at NX, capped at k) and emits its
-    accepted drafts + 1, capped by its tokens left (the drafts the cap leaves out go to `fix`).
+    every entry reads its next verification outcome (`lead` at NX + V, capped at k: NX is kept as
+    an offset from V, the steps with drafts so far, which the caller advances, so no entry's NX is
+    written) and emits its accepted drafts + 1, capped by its tokens left (the drafts the cap
+    leaves out go to `fix`).
     Returns the tokens emitted, the KV blocks the entries hold after it (ceil(context / B),
     summed) and those that finished, in order. The speculative planners' hot loop."""
     emitted = held = 0
     left: list[int] = []
     for e in entries:
-        nx = NX[e]
-        a = lead[nx]
+        a = lead[NX[e] + V]
         if a > k:
             a = k
-        NX[e] = nx + 1  # (not `+=`: mypyc compiles an item's augmented assignment to generic object arithmetic)
         x = a + 1
         r = R[e]
         if x >= r:
@@ -200,15 +200,16 @@ def decode_spec(C: list[int], R: list[int], NX: list[int], lead: bytes, k: int, 
     return emitted, held, left
 
 
-def _counters(entries: list[int], C: list[int], NX: list[int], PROP: list[int], ACC: list[int], VER: list[int],
-              VEM: list[int], KS: int, PS: int, fix: dict[int, int]) -> None:
+def _counters(entries: list[int], C: list[int], NX: list[int], V: int, PROP: list[int], ACC: list[int],
+              VER: list[int], VEM: list[int], KS: int, PS: int, fix: dict[int, int]) -> None:
     """These entries' draft counters from the offsets `Replica._plan_spec_steps` keeps them as,
     in place (each entry once: after this they are counters again)."""
     for e in entries:
         d = C[e] - PS
+        nx = NX[e] + V
         PROP[e] = PROP[e] + KS
-        ACC[e] = ACC[e] + (d - NX[e] + fix.get(e, 0))
-        VER[e] = VER[e] + NX[e]
+        ACC[e] = ACC[e] + (d - nx + fix.get(e, 0))
+        VER[e] = VER[e] + nx
         VEM[e] = VEM[e] + d
 
 
@@ -2318,7 +2319,7 @@ class Replica:
         # verifications = VER + NX, verification-emitted tokens = VEM + C - PS, accepted = ACC + C -
         # PS - NX (+ `fix`, the drafts accepted beyond the tokens left at an entry's last step);
         # see `joint.Cursor._offsets`
-        KS = PS = 0
+        KS = PS = V = 0  # (V: steps with drafts; an entry's next outcome is at NX + V: `decode_spec`)
         fix: dict[int, int] = {}
         for e in active:
             ACC[e] = ACC[e] + (NX[e] - C[e])
@@ -2364,7 +2365,7 @@ class Replica:
                 break  # a waiting request could now be admitted: the ordinary step takes it
             chosen = None  # the adaptive choice prices every k: the chosen one's decode-only figures
             if policy == "adaptive":
-                k, chosen = (self._adaptive_choice([ACC[e] + C[e] - PS - NX[e] for e in active],
+                k, chosen = (self._adaptive_choice([ACC[e] + C[e] - PS - (NX[e] + V) for e in active],
                                                    [PROP[e] + KS for e in active], float(ctx)) if n else (0, None))
             elif policy == "disable_above_batch":
                 k = 0 if n > spec.disable_batch_size else k_max
@@ -2415,7 +2416,8 @@ class Replica:
             # (in the same pass: the blocks held after the step, ceil(context / B), and the finishing)
             if k:
                 KS += k
-                emitted, held2, left = decode_spec(C, R, NX, lead, k, active, fix)
+                emitted, held2, left = decode_spec(C, R, NX, V, lead, k, active, fix)
+                V += 1
             else:
                 held2, left = decode_one(C, R, active)
                 emitted = n
@@ -2429,7 +2431,7 @@ class Replica:
                 R.append(int(reqs.output[rid]) - 1)  # its first token, sampled at the end of its prefill
                 RID.append(rid)
                 nx = int(reqs.lead_off[rid])
-                NX.append(nx)
+                NX.append(nx - V)
                 TGT.append(chunk)
                 PROP.append(-KS)  # (offsets: nothing proposed, accepted or verified yet)
                 ACC.append(PS - chunk + nx)
@@ -2447,7 +2449,7 @@ class Replica:
             t_start, t = t, end
             sends = 0
             if left:
-                _counters(left, C, NX, PROP, ACC, VER, VEM, KS, PS, fix)
+                _counters(left, C, NX, V, PROP, ACC, VER, VEM, KS, PS, fix)
                 for e in left:
                     done.append((e, t))
                     nb = (C[e] + (B - 1)) // B
@@ -2478,7 +2480,7 @@ class Replica:
                 break
         if not rows:
             return None
-        _counters(active, C, NX, PROP, ACC, VER, VEM, KS, PS, fix)  # (those done left with theirs)
+        _counters(active, C, NX, V, PROP, ACC, VER, VEM, KS, PS, fix)  # (those done left with theirs)
         if not absorb and rows[-1][10] >= 0:  # (the last step's waiting count, read at the run's end)
             rows[-1] = (*rows[-1][:10], -1, *rows[-1][11:])
         return t, steps, rows, done, admitted, (C, R, RID, TGT, PROP, ACC, VER, VEM, active), free, feed, gone

@@ -136,6 +136,7 @@ class Cursor:
         # policy reads them through `_acc_prop`): the hot loop updates none of them
         self.KS = 0  # drafts proposed per sequence since the offsets were taken (k summed over steps)
         self.PS = 0  # steps without drafts since then (each adds a token to every decoding context)
+        self.VS = 0  # steps with drafts since then (each advances every decoding entry's next outcome)
         self._fix: dict[int, int] = {}  # an entry's accepted drafts its last step's cap left out
         if self.spec is not None:
             self._offsets(self._decoders())
@@ -247,7 +248,7 @@ class Cursor:
             self.NX = [int(self.reqs.lead_off[r]) + v for r, v in zip(self.RID, state[6], strict=True)]
         self.active = list(range(len(self.RID)))
         if self.spec is not None:
-            self.KS = self.PS = 0
+            self.KS = self.PS = self.VS = 0
             self._fix = {}
             self._offsets(self._decoders())
 
@@ -257,26 +258,33 @@ class Cursor:
         VEM + C - PS (a verification's tokens are all its context gains; a step without drafts
         adds one token to every decoding context and none to the counters); accepted = ACC + C -
         PS - NX, plus the drafts accepted beyond the tokens left at its last step (`_fix`):
-        every verification emits its accepted drafts + 1, and advances NX by one."""
+        every verification emits its accepted drafts + 1, and advances NX by one; so NX itself is
+        kept as an offset too: the next outcome's index is NX + VS (VS: the steps with drafts since
+        the offsets were taken), and a step updates none of these."""
         C, NX, PROP, ACC, VEM = self.C, self.NX, self.PROP, self.ACC, self.VEM
-        KS, PS = self.KS, self.PS
+        KS, PS, VS = self.KS, self.PS, self.VS
         for e in entries:  # (applied once per entry: at the cursor's start, at its prefill's end)
             d = C[e] - PS
             PROP[e] = PROP[e] - KS
             VEM[e] = VEM[e] - d
-            ACC[e] = ACC[e] - (d - NX[e])
+            nx = NX[e]
+            ACC[e] = ACC[e] - (d - nx)
+            NX[e] = nx - VS
 
     def _counters(self, e: int) -> tuple[int, int, int]:
         """Entry e's drafts proposed, accepted and its verification-emitted tokens (`_offsets`)."""
         if e in self.partials:
             return self.PROP[e], self.ACC[e], self.VEM[e]
         d = self.C[e] - self.PS
-        return self.PROP[e] + self.KS, self.ACC[e] + d - self.NX[e] + self._fix.get(e, 0), self.VEM[e] + d
+        return (self.PROP[e] + self.KS, self.ACC[e] + d - (self.NX[e] + self.VS) + self._fix.get(e, 0),
+                self.VEM[e] + d)
 
     def _verified(self, e: int) -> int:
         """Entry e's verifications so far: its next outcome's index less its request's first
-        (NX advances once per verification, so the count is not kept apart)."""
-        return self.NX[e] - int(self.reqs.lead_off[self.RID[e]])
+        (NX advances once per verification, so the count is not kept apart; a decoding entry's
+        is an offset from VS: `_offsets`)."""
+        nx = self.NX[e] if e in self.partials else self.NX[e] + self.VS
+        return nx - int(self.reqs.lead_off[self.RID[e]])
 
     def wake(self, t: float) -> None:
         """An arrival at t wakes an idle replica: its next step starts then."""
@@ -383,8 +391,8 @@ class Cursor:
         """The decoding entries' drafts accepted and proposed so far (the adaptive policy's
         estimates), from their offsets (`_offsets`)."""
         C, NX, ACC, PROP = self.C, self.NX, self.ACC, self.PROP
-        PS, KS = self.PS, self.KS
-        return [ACC[e] + C[e] - PS - NX[e] for e in dec], [PROP[e] + KS for e in dec]
+        PS, KS, VS = self.PS, self.KS, self.VS
+        return [ACC[e] + C[e] - PS - (NX[e] + VS) for e in dec], [PROP[e] + KS for e in dec]
 
     def _reserve(self, k: int, dec: list[int], drop: list[int] | None = None) -> tuple[int, int]:
         """(q_v, KV blocks the decoding sequences' reservation takes): k + 1 tokens capped by what
@@ -724,7 +732,9 @@ class Cursor:
             self.PS += 1
             return len(dec)
         self.KS += k
-        emitted, self._dec_held, self._dec_left = decode_spec(C, R, self.NX, self.reqs.lead_b, k, dec, self._fix)
+        emitted, self._dec_held, self._dec_left = decode_spec(C, R, self.NX, self.VS, self.reqs.lead_b, k, dec,
+                                                              self._fix)
+        self.VS += 1
         self.ctx += emitted
         return emitted
 
