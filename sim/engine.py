@@ -2318,7 +2318,8 @@ class Replica:
         # decodes at every step), so the outcome loop updates none of them: proposed = PROP + KS,
         # verifications = VER + NX, verification-emitted tokens = VEM + C - PS, accepted = ACC + C -
         # PS - NX (+ `fix`, the drafts accepted beyond the tokens left at an entry's last step);
-        # see `joint.Cursor._offsets`
+        # see `joint.Cursor._offsets`. NX, the next outcome's index, is itself kept as an offset:
+        # the index is NX + V (V: the steps with drafts so far), so no step writes it
         KS = PS = V = 0  # (V: steps with drafts; an entry's next outcome is at NX + V: `decode_spec`)
         fix: dict[int, int] = {}
         for e in active:
@@ -2651,8 +2652,7 @@ class Replica:
         assert spec is not None and isinstance(cost, CostModel)
         dc = spec.draft_cost
         assert not cost.window and not (isinstance(dc, CostModel) and dc.window)
-        if k >= 1024:
-            raise ValueError("at most 1023 speculative tokens")  # (`_spec_step`'s cache key)
+        assert k < 1024  # (`_spec_step`'s cache key; the scenario allows num_speculative_tokens <= 16)
         q = k + 1
         lin, kv_w, w, act, comm_s, over_s, lin_f = cost.pass_parts(n_dec, n_dec * q + 0.0)
         draft_p: DraftParts | None = None
