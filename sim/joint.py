@@ -806,7 +806,7 @@ class Cursor:
                 if cost is None:
                     cost = spec_step(n, float(self.ctx), k)
             assert cost is not None
-            total = cost[0]
+            total, target_s, draft_s, over_s, flops, nbytes = cost  # (C doubles from here: `cost` is an object)
             end = t + total
             if end >= end_bound or end >= a:  # the step is the ordinary one's, or waits for the arrival at a
                 self._peek = (t, (k, qv, cost))
@@ -822,7 +822,7 @@ class Cursor:
                 self._leave(left, end)
                 act = self.active
             rows.append((idx, t, total, n, n, 0.0, n * qv, emitted, k, num_blocks - self.free,
-                         self._waiting_at(end) if pend else 0, cost[4], cost[5], cost[1], cost[2], cost[3],
+                         self._waiting_at(end) if pend else 0, flops, nbytes, target_s, draft_s, over_s,
                          total, 1, 0.0))
             self.p_steps += 1
             self.t = t = end
