@@ -93,7 +93,14 @@ def _route(replicas: list[Replica], router: str, rr: int, rid: int) -> Replica:
     if router == "round_robin":
         return replicas[rr % len(replicas)]
     if router == "least_outstanding" or len(replicas) == 1:
-        return min(replicas, key=Replica.outstanding)
+        # the first with the fewest (`min` with a key, as a compiled loop: native calls, no key object)
+        pick = replicas[0]
+        least_o = pick.outstanding()
+        for r in replicas[1:]:
+            o = r.outstanding()
+            if o < least_o:
+                pick, least_o = r, o
+        return pick
     # prefix_affinity (SGLang's cache-aware router): while the replicas are balanced, the one
     # holding the longest cached prefix of the prompt (ties: fewer outstanding, then lower index),
     # if it holds at least AFFINITY_MIN_MATCH of the prompt; otherwise least outstanding
