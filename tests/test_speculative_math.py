@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.speculative import (
+    DRAW_CHUNK_ROWS,
     DraftShape,
     acceptance_draws,
     beta_params,
@@ -133,8 +134,8 @@ def test_drawn_outcomes_do_not_depend_on_how_many_rows_are_drawn_at_once() -> No
     rng_probs = np.random.default_rng(1)
     probs = rng_probs.uniform(0.2, 0.95, (50, 4))
     lengths = rng_probs.integers(0, 300, 50)
-    whole = acceptance_draws(np.random.default_rng(8), probs, lengths)
-    for chunk in (1, 7, 299, 1000):
+    whole = acceptance_draws(np.random.default_rng(8), probs, lengths, chunk_rows=1 << 30)
+    for chunk in (1, 7, 299, 1000, DRAW_CHUNK_ROWS):
         part = acceptance_draws(np.random.default_rng(8), probs, lengths, chunk_rows=chunk)
         assert part[0] == whole[0]
         np.testing.assert_array_equal(part[1], whole[1])
