@@ -990,7 +990,7 @@ def search_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, prune: bool =
     rules = spec.search
     extra = 1 if rules.redundancy == "n+1" else 0
     configs: list[dict[str, Any]] = []
-    cands: list[tuple[float, int, int, Strategy, Scenario, Capacity, dict[str, Any]]] = []
+    cands: list[tuple[float, int, int, int, Strategy, Scenario, Capacity, dict[str, Any]]] = []
     # capacities are cached per process; the plan's own configurations were measured when it was
     # loaded (_check_reachable), and forked workers inherit them
     for cfg in grid(spec, s, gpu, rate):
@@ -1015,10 +1015,10 @@ def search_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, prune: bool =
         if why:
             configs.append({**base_row, "status": "pruned", "reason": why})
             continue
-        cands.append((lb_usd, per, len(cands), sc_s, one, lad, base_row))
+        cands.append((lb_usd, per, len(cands), lb, sc_s, one, lad, base_row))
     cands.sort(key=lambda c: c[:3])
     best: dict[str, Any] | None = None
-    for lb_usd, per, _, sc_s, one, lad, base_row in cands:
+    for lb_usd, per, _, lb, sc_s, one, lad, base_row in cands:  # (each with its own lower bound)
         best_usd = (best["serving_usd_per_month"] + best["power_usd_per_month"]) if best else math.inf
         cap = lad.rps
         why = _pruned(spec, lb, per, cap, lad.upper_bound, rate, lb_usd, best_usd if prune else math.inf)

@@ -126,6 +126,27 @@ def test_an_upper_bound_prunes_before_the_capacity_is_measured(h200: PlanSpec, m
     assert bool(row["feasible"]) and int(row["tp"]) == 2 and int(row["gpus"]) == 6
 
 
+def test_each_configuration_is_checked_on_its_own_lower_bound(h200: PlanSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 10 req/s on H200 TP2 needs at least 3 replicas (6 GPUs) and TP4 at least 2 (8 GPUs).
+    Searched as tp = [4, 2] within 8 GPUs, exhaustively, both are simulated: TP4 is not pruned
+    on TP2's bound (3 x 4 GPUs > 8), which the search once read for every configuration after
+    the grid's last. (The simulations are stubbed: only the pruning is under test.)"""
+    import experiments.plan as plan_mod
+
+    spec = dataclasses.replace(h200, search=dataclasses.replace(h200.search, tp=(4, 2)), max_gpus=8)
+    simulated: list[int] = []
+
+    def plan_row(spec, s, gpu, rate, cap_rps=None):  # type: ignore[no-untyped-def]
+        simulated.append(int(s.overrides["deployment.tensor_parallel"]))
+        return {"feasible": False, "reason": "not simulated here", "evaluations": 0}
+
+    monkeypatch.setattr(plan_mod, "plan_row", plan_row)
+    configs = pd.DataFrame(plan_mod.search_row(spec, spec.strategies[0], "h200", 10.0, prune=False)["configs"])
+    by_tp = configs.set_index("tp")
+    assert by_tp.loc[2, "lower_bound_replicas"] == 3 and by_tp.loc[4, "lower_bound_replicas"] == 2
+    assert sorted(simulated) == [2, 4] and set(configs.status) == {"fails"}
+
+
 def test_pareto_frontier() -> None:
     df = pd.DataFrame({"status": ["passes", "passes", "passes", "fails"], "total_usd_per_month": [10.0, 20.0, 20.0, 1.0],
                        "capacity_rps": [5.0, 4.0, 9.0, 100.0]})
