@@ -716,9 +716,10 @@ def unjudged(reason: str) -> dict[str, Any]:
 
 
 def judged_run(sc: Scenario, seed: int, points: str | None = None,
-               capacity_rps: float | None = None) -> tuple[Scenario, dict[str, Any]] | str:
+               capacity_rps: float | None = None, stop_on_fail: bool = True) -> tuple[Scenario, dict[str, Any]] | str:
     """The run a rack is judged on for one seed, and its summary (see `evaluate`), or why it
-    fails unjudged."""
+    fails unjudged. With `stop_on_fail`, a rerun ends once its SLO is certain to fail
+    (`sim.stop_on_slo_fail`): it is judged as it is, failing, and not rerun again."""
     rate = offered_rps(sc)
     rho = rate / capacity_rps if rate is not None and capacity_rps else None
     if rho is not None and rho >= 1.0:
@@ -727,6 +728,8 @@ def judged_run(sc: Scenario, seed: int, points: str | None = None,
     run = sc
     if rho is not None and capacity_rps is not None:
         for _ in range(RELAX_ROUNDS):
+            if "stopped_early" in sm:
+                break
             need = judged_length(run, sm, capacity_rps)
             if need is None:
                 return (f"at {rho:.0%} of capacity a run must last over {MAX_RUN_S:.0f} s to settle "
@@ -738,7 +741,8 @@ def judged_run(sc: Scenario, seed: int, points: str | None = None,
             rate_most = min(MAX_RUN_S, 0.9 * MAX_REQUESTS / rate) if rate else MAX_RUN_S
             pad = max(1.0, min(RELAX_PAD, rate_most / (warm + window)))
             warm, window = warm * pad, window * pad
-            run = run.with_overrides({"workload.warmup_s": warm, "workload.duration_s": warm + window})
+            run = run.with_overrides({"workload.warmup_s": warm, "workload.duration_s": warm + window,
+                                      **({"sim.stop_on_slo_fail": True} if stop_on_fail else {})})
             sm = summary(run, seed, points)
     elif sm["verdict"] == "insufficient":
         longer = _longer(sc)
@@ -748,7 +752,7 @@ def judged_run(sc: Scenario, seed: int, points: str | None = None,
 
 
 def evaluate(sc: Scenario, seeds: tuple[int, ...], points: str | None = None,
-             capacity_rps: float | None = None) -> dict[str, Any]:
+             capacity_rps: float | None = None, stop_on_fail: bool = True) -> dict[str, Any]:
     """Simulate a rack over seeds; it meets the SLO only if every seed's run is stable and meets
     every target (`slo_met`). The summary kept is the worst seed's: failing first, then the one
     closest to (or furthest over) its binding target. `points`: see plan_store.
@@ -760,10 +764,13 @@ def evaluate(sc: Scenario, seeds: tuple[int, ...], points: str | None = None,
     RELAX_WARMUP and window RELAX_JUDGE relaxation times) and judged on that; a rack that would
     need more than MAX_RUN_S fails unjudged (it is within a few percent of capacity). Without a
     capacity, a run whose verdict is 'insufficient' (too short to judge stability) is rerun once
-    EXTEND times longer and judged on that; if it is still insufficient it fails."""
+    EXTEND times longer and judged on that; if it is still insufficient it fails. A rerun whose
+    SLO is certain to fail ends there, failing as it would in full, and is not rerun again (the
+    next rerun would start empty the same way, and near capacity a longer run queues more);
+    `stop_on_fail` off runs every rerun in full (a rack whose summary is reported pass or fail)."""
     rows = []
     for seed in seeds:
-        judged = judged_run(sc, seed, points, capacity_rps)
+        judged = judged_run(sc, seed, points, capacity_rps, stop_on_fail)
         if isinstance(judged, str):
             return unjudged(judged)
         run, sm = judged
@@ -901,7 +908,7 @@ def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
     if extra:  # n+1: the rack that meets the SLO with one replica down; its own run is reported
         replicas += 1
         ev = evaluate(_scenario(spec.base, s, gpu, spec.prices, replicas, rate, tu, traffic=spec.traffic), spec.seeds,
-                      spec.points, replicas * cap_rps)
+                      spec.points, replicas * cap_rps, stop_on_fail=False)  # (its summary is reported, pass or fail)
         sm = ev["summary"]
         row["evaluations"] += 1
     price = sm["usd_per_gpu_hour"]

@@ -6,6 +6,7 @@ arriving in [warmup_s, end_s); step metrics use steps starting in that window.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -442,6 +443,62 @@ def slo_checks(s: dict[str, Any], targets: dict[str, float]) -> dict[str, dict[s
         value = float(s[f"{metric}_s"][pct])
         out[key] = {"target": float(target), "value": value, "met": bool(value <= target)}  # NaN never meets
     return out
+
+
+class SloWatch:
+    """Whether a run's SLO verdict is already certain to fail, from what has happened so far
+    (`[sim] stop_on_slo_fail`: the planner's long reruns end there; docs/METRICS.md, 'Stopping
+    on a certain SLO failure').
+
+    Each percentile target on a per-request figure (TTFT, TPOT, E2E) is judged over the requests
+    arriving in the window [warmup_s, end_s) that complete: at most N of them, N known before the
+    run. The run's p-th percentile (numpy's linear interpolation over n <= N values) exceeds the
+    target once c >= N (1 - p/100) + 2 of those requests have a figure over it (then the two
+    values it interpolates between are both over it). A figure is counted only once it is final:
+    TTFT once the first token was emitted (it is never rewritten), TPOT and E2E once the request
+    completed, each at or before the time of the check, computed as `request_latencies` computes
+    it. A request counted that never completes leaves work unfinished at the horizon, which fails
+    the run as overloaded. So when the watch fires, the whole run fails its SLO; ITL (a per-step
+    figure whose sample count is not known before the run) and mean targets are not watched."""
+
+    def __init__(self, arrival: np.ndarray, output_tokens: np.ndarray, *, warmup_s: float, end_s: float,
+                 targets: dict[str, float]) -> None:
+        arrival = np.asarray(arrival, dtype=np.float64)
+        idx = np.flatnonzero((arrival >= warmup_s) & (arrival < end_s))
+        self.idx = idx[np.argsort(arrival[idx], kind="stable")]  # by arrival: a check reads those arrived
+        self.arrival = arrival[self.idx]
+        out = np.asarray(output_tokens)[self.idx]
+        self.per_token = np.where(out > 1, out - 1.0, np.nan)
+        n = int(self.idx.size)
+        self.judged = n
+        self.progress = 0.0
+        self.checks: list[tuple[str, str, float, int]] = []  # (target's name, metric, target, requests over it that fail it)
+        for key, target in targets.items():
+            metric, pct, _ = key.split("_")
+            if metric in ("ttft", "tpot", "e2e") and pct.startswith("p"):
+                need = math.ceil(n * (100.0 - float(pct[1:])) / 100.0) + 2
+                if need <= n:
+                    self.checks.append((key, metric, float(target), need))
+
+    def failed(self, first_token: np.ndarray, completion: np.ndarray, now: float) -> dict[str, Any] | None:
+        """None, or what makes the SLO fail for certain at simulated time `now`: the target's
+        name, the requests already over it, the judged requests and how many over it fail it.
+        `progress` keeps, for the last check, the largest share of its count any target reached."""
+        k = int(np.searchsorted(self.arrival, now, side="right"))  # (the others have no figure yet)
+        f = first_token[self.idx[:k]]
+        c = completion[self.idx[:k]]
+        self.progress = 0.0
+        with np.errstate(invalid="ignore"):
+            ttft = f - self.arrival[:k]
+            e2e = c - self.arrival[:k]
+            final = {"ttft": f <= now, "e2e": c <= now, "tpot": c <= now}
+            for key, metric, target, need in self.checks:
+                x = ttft if metric == "ttft" else e2e if metric == "e2e" else (e2e - ttft) / self.per_token[:k]
+                over = int((final[metric] & (x > target)).sum())
+                if over >= need:
+                    return {"at_s": float(now), "target": key, "over": over, "judged": self.judged, "needed": need}
+                self.progress = max(self.progress, over / need)
+        return None
 
 
 def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s: float, replicas: int,

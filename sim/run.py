@@ -28,6 +28,7 @@ from sim.deployment import ReplicaRuntime, check_fits
 from sim.engine import STEP_INT_COLUMNS, FuseBound, Replica, Requests, StepLog
 from sim.fleet import Autoscaler, Fleet, FleetBound, FollowLoad, change_times, timeout_with
 from sim.joint import RackPlanner
+from sim.metrics import SloWatch
 from sim.scenario import Scenario
 from sim.workload import streams
 
@@ -200,7 +201,8 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
               progress: bool = False, concurrency: int | None = None,
               think_s: np.ndarray | None = None, gate_arrivals: bool = False,
               send_until_s: float | None = None, replica_capacity_rps: float | None = None,
-              warmup_s: float = 0.0) -> tuple[pd.DataFrame, pd.DataFrame, bool, float]:
+              warmup_s: float = 0.0,
+              stop_on_slo: tuple[float, float, dict[str, float]] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, bool, float]:
     """Run the engine over a request table. Returns (requests, steps, truncated, horizon).
 
     Open loop (default): requests arrive at the table's `arrival_s`. Closed loop (`concurrency`
@@ -215,7 +217,11 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     speculation switches with the load; both need `replica_capacity_rps` (the speculation-off
     capacity of one replica). The fleet's state changes are in `requests.attrs["fleet"]` (rows of
     time, replica, state code), the autoscaler's decisions in `attrs["autoscale"]`, the
-    speculation switches in `attrs["follow_load"]`."""
+    speculation switches in `attrs["follow_load"]`.
+
+    `stop_on_slo` (open loop only): (warmup_s, end_s, SLO targets) of the run's window; the run
+    ends as soon as its SLO is certain to fail (`sim.metrics.SloWatch`), with what made it fail in
+    `requests.attrs["stopped_early"]`."""
     wl = sc.workload
     method = sc.speculative.acceptance_key if sc.speculative else "draft_model"
     means = np.array([c.acceptance_for(method) if sc.speculative else 0.0 for c in wl.classes])
@@ -315,13 +321,22 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     # open loop: no request can complete before the last one is queued (the check is skipped until then)
     quiet_s = float(queued[-1]) if concurrency is None and queued.size else 0.0
     done_ev = env.process(_watch_done(env, reqs, bar, loop, quiet_s))
+    ends: list[simpy.Event] = [stop, env.timeout(horizon), done_ev]
+    failed: simpy.Event | None = None
+    if stop_on_slo is not None and concurrency is None:
+        warm, end, targets = stop_on_slo
+        watch = SloWatch(arrival, reqs.output, warmup_s=warm, end_s=end, targets=targets)
+        if watch.checks:
+            failed = env.event()
+            ends.append(failed)
+            env.process(_watch_slo(env, reqs, watch, warm, max(5.0 * SLO_CHECK_MIN_S, (end - warm) / SLO_CHECKS), failed))
     # the run allocates a tuple per step row and per event, nearly all freed by reference counting:
     # the cyclic GC's youngest generation is collected less often meanwhile (its share of a sweep's
     # points falls from ~4% to ~2%), and set back after
     thresholds = gc.get_threshold()
     gc.set_threshold(max(thresholds[0], GC_YOUNG_THRESHOLD), *thresholds[1:])
     try:
-        env.run(until=simpy.AnyOf(env, [stop, env.timeout(horizon), done_ev]))
+        env.run(until=simpy.AnyOf(env, ends))
     finally:
         gc.set_threshold(*thresholds)
     if bar is not None:
@@ -346,6 +361,8 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         req_df["prefill_computed_tokens"] = reqs.prefill_computed
         req_df["prefill_tokens"] = reqs.prefill_tokens
     req_df.attrs["rejected"] = rejected
+    if failed is not None and failed.triggered:
+        req_df.attrs["stopped_early"] = failed.value
     if fleet is not None:
         req_df.attrs["fleet"] = fleet.timeline
     if scaler is not None:
@@ -358,6 +375,30 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
 
 
 LATE = EventPriority(2)  # a SimPy event priority after URGENT (0) and NORMAL (1): processed after both at its instant
+SLO_CHECKS = 100  # a run stopping on a certain SLO failure checks at least 100 times over its window ...
+SLO_CHECK_MIN_S = 2.0  # ... and at most once every 2 simulated seconds
+
+
+def _watch_slo(env: simpy.Environment, reqs: Requests, watch: SloWatch, start_s: float, period_s: float,
+               failed: simpy.Event) -> Generator[simpy.Event, Any, None]:
+    """Triggers `failed` (with `SloWatch.failed`'s answer) at the first check, after everything
+    else due at its instant, at which the run's SLO is certain to fail. Checks come every
+    `period_s` from `start_s` on, and sooner (down to SLO_CHECK_MIN_S) once a target's count is
+    under way: the next at the time its count, growing at its pace so far, would reach the
+    failing count. It only reads the request table: the run is the same until it fires."""
+    t = start_s + period_s
+    while True:
+        if t > env.now:
+            yield timeout_with(env, t - env.now, LATE)
+        got = watch.failed(reqs.first_token, reqs.completion, env.now)
+        if got is not None:
+            failed.succeed(got)
+            return
+        step = period_s
+        p = watch.progress
+        if p > 0.0:  # its count would reach the failing count in about (1 - p) / p times the time so far
+            step = min(period_s, max(SLO_CHECK_MIN_S, (env.now - start_s) * (1.0 - p) / p))
+        t = env.now + step
 
 
 def _watch_done(env: simpy.Environment, reqs: Requests, progress: Progress | None = None,

@@ -671,6 +671,10 @@ class SimSettings(_Strict):
     fuse_steps: bool = True
     # the length of each row of the intervals table (per-interval latencies, throughput, replicas)
     interval_s: Annotated[float, Field(gt=0)] = 300.0
+    # end an open-loop run as soon as its SLO is certain to fail (a percentile target on TTFT,
+    # TPOT or E2E already missed by enough of the window's requests: sim.metrics.SloWatch); its
+    # summary then says so (`stopped_early`) and judges nothing else. The planner's long reruns use it
+    stop_on_slo_fail: bool = False
 
 
 class Autoscale(_Strict):

@@ -137,7 +137,9 @@ def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False, w
         if wl.max_concurrency is None:
             req, steps, truncated, t_end = run_table(sc, rt, table, seed, backlog_limit=sc.sim.backlog_limit,
                                                      progress=progress, replica_capacity_rps=replica_capacity(sc, rt),
-                                                     warmup_s=replica_warmup_s(sc))
+                                                     warmup_s=replica_warmup_s(sc),
+                                                     stop_on_slo=(wl.warmup_s, end_s, sc.slo.targets())
+                                                     if sc.sim.stop_on_slo_fail else None)
             loop = "open"
         else:  # vllm bench serve --request-rate R --max-concurrency N: a send waits for a free client
             req, steps, truncated, t_end = run_table(sc, rt, table, seed, concurrency=wl.max_concurrency,
@@ -152,6 +154,16 @@ def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False, w
                   slo=sc.slo.targets(), truncated=truncated, horizon_s=t_end,
                   loop=loop, concurrency=wl.concurrency or wl.max_concurrency, send_lag_s=lag)
     s["loop"] = loop
+    early = req.attrs.get("stopped_early")
+    if early is not None:  # the SLO fails for certain: the rest of the run is not simulated, nothing else judged
+        s["stopped_early"] = early
+        s["slo_met"] = False
+        s["stable"] = False
+        s["verdict"] = "unjudged"
+        s["slo"][early["target"]].update(value=float("nan"), met=False)  # (the run's figure was not reached)
+        s["verdict_reason"] = (f"stopped at {early['at_s']:.0f} s: {early['over']} of the window's {early['judged']} "
+                               f"requests already miss {early['target']} (it fails once {early['needed']} do); "
+                               "stability not judged")
     s.update(_fleet_summary(sc, rt, req, s, end_s))
     s["concurrency"] = wl.concurrency if wl.closed else wl.max_concurrency
     s["window_end_s"] = end_s
