@@ -362,9 +362,11 @@ def _resolve_traffic(d: dict[str, Any], p: Path) -> tuple[Traffic, float, float]
     return tr, dur, warm
 
 
-def load_plan(path: str | Path, quick: bool = False, points: str | Path | None = None) -> PlanSpec:
+def load_plan(path: str | Path, quick: bool = False, points: str | Path | None = None,
+              jobs: int | None = 1) -> PlanSpec:
     """Read and validate a plan file; one-line ConfigErrors name the field and the fix. `points`:
-    a folder keeping every finished simulation, so that a rerun resumes (see plan_store)."""
+    a folder keeping every finished simulation, so that a rerun resumes (see plan_store). `jobs`:
+    processes for the capacity ladders the reachability check measures (None: one per CPU)."""
     pts = None if points is None else str(points)
     p = Path(path)
     d = read_toml(p, "plan")
@@ -445,7 +447,7 @@ def load_plan(path: str | Path, quick: bool = False, points: str | Path | None =
         raise ConfigError(f"search.seeds: lists a seed twice: {seeds!r}")
     strategies = _strategies(d)
     not_applicable = _applicability(p.name, base, strategies, gpus, prices, tr)
-    _check_reachable(p.name, base, strategies, gpus, prices, tr.headline_rps, max_gpus, not_applicable, pts)
+    _check_reachable(p.name, base, strategies, gpus, prices, tr.headline_rps, max_gpus, not_applicable, pts, jobs)
     floor = _num(q, "floor_tail", "quality", 0.0, lo=0, hi=1)
     search_spec = _search_spec(search)
     cost = parse_cost(d["cost"], gpus, search_spec.gpus_per_node)
@@ -608,19 +610,27 @@ def builtin_strategies() -> dict[str, Strategy]:
 
 def _check_reachable(name: str, base: Scenario, strategies: list[Strategy], gpus: tuple[str, ...],
                      prices: dict[str, float], rate: float, max_gpus: int,
-                     not_applicable: dict[tuple[str, str], str] | None = None, points: str | None = None) -> None:
+                     not_applicable: dict[tuple[str, str], str] | None = None, points: str | None = None,
+                     jobs: int | None = 1) -> None:
     """Refuse a traffic no allowed rack can carry for any strategy (by measured capacity, or the
-    closed-loop peak where the throughput collapses: an upper bound)."""
-    best = 0.0
+    closed-loop peak where the throughput collapses: an upper bound). The ladders are measured
+    in `jobs` processes and kept in this process's cache (the search's workers inherit them)."""
+    ones: list[tuple[Scenario, int]] = []
     for g in gpus:
         for s in strategies:
             if (s.name, g) in (not_applicable or {}):
                 continue
             one = _scenario(base, s, g, prices, 1, None)
             per = gpus_per_replica(one)
-            if per > max_gpus:
-                continue
-            best = max(best, ladder_of(one, points, speculative=True).rps * (max_gpus // per))  # (an upper bound)
+            if per <= max_gpus:
+                ones.append((one, per))
+    todo = {capacity_key(one, speculative=True): one for one, _ in ones}
+    if (jobs or os.cpu_count() or 1) > 1 and len(todo) > 1:
+        for key, cap in _map(_ladder_task, [(one, points) for one in todo.values()], jobs):
+            remember(key, cap, is_ladder=True)
+    best = 0.0
+    for one, per in ones:
+        best = max(best, ladder_of(one, points, speculative=True).rps * (max_gpus // per))  # (an upper bound)
     if rate > best:
         raise ConfigError(f"{name}: traffic {rate:.1f} req/s exceeds what {max_gpus} GPUs can serve with any strategy "
                           f"(at most {best:.1f} req/s at saturation); raise search.max_gpus or lower traffic.rate_rps")
@@ -1545,7 +1555,7 @@ def main_plan(a: Any) -> int:
         print(f"reading {a.plan_file}: checking it and measuring each strategy's capacity per replica...",
               file=sys.stderr)
     try:
-        spec = dataclasses.replace(load_plan(a.plan_file, quick=a.quick, points=points), progress=True)
+        spec = dataclasses.replace(load_plan(a.plan_file, quick=a.quick, points=points, jobs=a.jobs), progress=True)
     except ConfigError:
         if fresh:  # a bad plan leaves nothing behind (capacity measurements of a plan that never ran)
             import shutil
