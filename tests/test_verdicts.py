@@ -187,7 +187,8 @@ def test_planner_slo_verdict_agrees_with_long_runs() -> None:
     verdict passed it at 8.04 req/s (above its capacity) while 3000 s runs fail at 7.64. Now the
     highest passing rate the planner finds by bisection is within 3% of where 3000 s runs (other
     seeds) switch: just below it they pass, just above the first failing rate they fail; a rate
-    at or above the capacity fails unsimulated, and one within a few % of it fails unjudged."""
+    at or above the capacity fails unsimulated, and one within a few % of it fails (unjudged, or
+    on a rerun stopped once its SLO was certain to fail)."""
     from experiments.plan import MAX_RUN_S, evaluate
 
     base = load_scenario(MIX, {"rack.num_gpus": 4, "workload.duration_s": 150.0, "workload.warmup_s": 30.0,
@@ -199,8 +200,9 @@ def test_planner_slo_verdict_agrees_with_long_runs() -> None:
 
     over = ev(1.01 * cap)
     assert not over["meets_slo"] and over["summary"] is None and "capacity" in over["reason"]
-    close = ev(0.97 * cap)
-    assert not close["meets_slo"] and f"{MAX_RUN_S:.0f} s" in close["reason"]
+    close = ev(0.97 * cap)  # unjudged (its rerun would need over MAX_RUN_S), or a rerun that stopped failing
+    assert not close["meets_slo"]
+    assert f"{MAX_RUN_S:.0f} s" in close.get("reason", "") or "stopped_early" in close["summary"]
     lo, hi = 0.5 * cap, 0.97 * cap
     assert ev(lo)["meets_slo"]
     while hi / lo > 1.03:
