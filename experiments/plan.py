@@ -777,7 +777,9 @@ def evaluate(sc: Scenario, seeds: tuple[int, ...], points: str | None = None,
     EXTEND times longer and judged on that; if it is still insufficient it fails. A rerun whose
     SLO is certain to fail ends there, failing as it would in full, and is not rerun again (the
     next rerun would start empty the same way, and near capacity a longer run queues more);
-    `stop_on_fail` off runs every rerun in full (a rack whose summary is reported pass or fail)."""
+    `stop_on_fail` off runs every rerun in full (a rack whose summary is reported pass or fail).
+    With it on, the seeds after the first that fails are not run either (the rack fails whatever
+    they give; its summary is then that seed's)."""
     rows = []
     for seed in seeds:
         judged = judged_run(sc, seed, points, capacity_rps, stop_on_fail)
@@ -786,6 +788,8 @@ def evaluate(sc: Scenario, seeds: tuple[int, ...], points: str | None = None,
         run, sm = judged
         wl = run.workload
         rows.append({**sm, "run_warmup_s": wl.warmup_s, "run_window_s": wl.duration_s - wl.warmup_s})
+        if stop_on_fail and not sm["slo_met"]:
+            break
     worst = max(rows, key=lambda r: (not r["slo_met"], _binding(r)[1]))
     return {"meets_slo": all(r["slo_met"] for r in rows), "summary": worst}
 

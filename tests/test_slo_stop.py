@@ -126,3 +126,28 @@ def test_the_planner_judges_the_same_with_and_without_stopping() -> None:
             flagged += 1
             assert not full["meets_slo"]
     assert flagged >= 1
+
+
+def test_a_rack_fails_on_its_first_failing_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over three seeds, a rack that fails on the first is not run on the others (the verdict
+    is the same as over all three); one that passes runs every seed."""
+    import experiments.plan as plan_mod
+
+    sc = load_scenario(MIX, {"slo.ttft_p99_s": 2.0, "slo.tpot_p99_s": 0.2, "workload.duration_s": 120.0,
+                             "workload.warmup_s": 20.0})
+    cap = capacity(sc, speculative=True).rps
+    real = plan_mod.summary
+    seen: list[int] = []
+
+    def summary(run, seed, points):  # type: ignore[no-untyped-def]
+        seen.append(seed)
+        return real(run, seed, points)
+
+    monkeypatch.setattr(plan_mod, "summary", summary)
+    for mult, passes in ((0.5, True), (0.99, False)):
+        rack = sc.with_overrides({"workload.rate_rps": mult * cap, "slo.ttft_p99_s": 2.0 if passes else 0.05})
+        seen.clear()
+        fast = evaluate(rack, (1, 2, 3), None)
+        assert fast["meets_slo"] is passes and sorted(set(seen)) == ([1, 2, 3] if passes else [1])
+        full = evaluate(rack, (1, 2, 3), None, stop_on_fail=False)
+        assert full["meets_slo"] is passes and sorted(set(seen)) == [1, 2, 3]
