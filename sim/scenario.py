@@ -673,7 +673,8 @@ class SimSettings(_Strict):
     interval_s: Annotated[float, Field(gt=0)] = 300.0
     # end an open-loop run as soon as its SLO is certain to fail (a percentile target on TTFT,
     # TPOT or E2E already missed by enough of the window's requests: sim.metrics.SloWatch); its
-    # summary then says so (`stopped_early`) and judges nothing else. The planner's long reruns use it
+    # summary then says so (`stopped_early`) and judges nothing else. The planner's long reruns use it.
+    # Closed loops and max_concurrency runs ignore it (they run as given)
     stop_on_slo_fail: bool = False
 
 
@@ -753,6 +754,8 @@ class Scenario(_Strict):
         files += [d.trace for d in (wl.prompt_tokens, wl.output_tokens) if isinstance(d, Empirical)]
         digests = {f: file_digest(f) for f in files if f}
         data: dict[str, Any] = self.model_dump(mode="json")
+        if not data["sim"]["stop_on_slo_fail"]:  # (off: the keys, and the points kept under them, of before it)
+            del data["sim"]["stop_on_slo_fail"]
         blob = json.dumps({"scenario": data, "files": digests} if digests else data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -149,22 +149,17 @@ def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False, w
             loop = "gated"
     warm = wl.warmup_s  # never clamped: a run whose arrivals all fall in warm-up is 'insufficient'
     peak = peak_flops(rt.cost.gpu, rt.cost.weights)
+    early = req.attrs.get("stopped_early")
+    if early is not None:  # stopped once its SLO was certain to fail: figures over the part simulated
+        end_s = max(warm, min(end_s, float(early["at_s"])))
     s = summarise(req, steps, warmup_s=warm, end_s=end_s, replicas=rt.num_replicas,
                   gpus_per_replica=rt.gpus_per_replica, peak_flops=peak, mem_bw=rt.cost.gpu.mem_bw_bytes_s,
                   slo=sc.slo.targets(), truncated=truncated, horizon_s=t_end,
                   loop=loop, concurrency=wl.concurrency or wl.max_concurrency, send_lag_s=lag)
     s["loop"] = loop
-    early = req.attrs.get("stopped_early")
-    if early is not None:  # the SLO fails for certain: the rest of the run is not simulated, nothing else judged
-        s["stopped_early"] = early
-        s["slo_met"] = False
-        s["stable"] = False
-        s["verdict"] = "unjudged"
-        s["slo"][early["target"]].update(value=float("nan"), met=False)  # (the run's figure was not reached)
-        s["verdict_reason"] = (f"stopped at {early['at_s']:.0f} s: {early['over']} of the window's {early['judged']} "
-                               f"requests already miss {early['target']} (it fails once {early['needed']} do); "
-                               "stability not judged")
     s.update(_fleet_summary(sc, rt, req, s, end_s))
+    if early is not None:
+        s = _stopped(s, early)
     s["concurrency"] = wl.concurrency if wl.closed else wl.max_concurrency
     s["window_end_s"] = end_s
     # vllm bench serve's figures, computed as its script does: over the whole run, no warm-up
@@ -190,6 +185,21 @@ def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False, w
     for col in LATENCY_COLUMNS:
         req[col] = lat[col].to_numpy(np.float64)
     return Result(sc, seed, req, steps, s, iv)
+
+
+def _stopped(s: dict[str, Any], early: dict[str, Any]) -> dict[str, Any]:
+    """The summary of a run stopped once its SLO was certain to fail (`sim.stop_on_slo_fail`):
+    its figures cover the window up to the stop, stability is not judged, and the failing
+    target's value is NaN (the run's figure was not reached)."""
+    s["stopped_early"] = early
+    s["slo_met"] = False
+    s["stable"] = False
+    s["verdict"] = "unjudged"
+    s["slo"][early["target"]].update(value=float("nan"), met=False)
+    s["verdict_reason"] = (f"stopped at {early['at_s']:.0f} s: {early['over']} of the window's {early['judged']} "
+                           f"requests already miss {early['target']} (it fails once {early['needed']} do); figures "
+                           "over the window up to the stop; stability not judged")
+    return s
 
 
 def time_varying(sc: Scenario) -> bool:

@@ -231,3 +231,19 @@ def test_overload_via_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
                  "--set", "workload.duration_s=60", "--set", "workload.warmup_s=10", "--set", "sim.drain_s=5"]) == 0
     s = json.loads((short / "summary.json").read_text())
     assert s["stable"] is False and s["backlog"] > 0
+
+
+def test_run_stopped_on_a_certain_slo_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`[sim] stop_on_slo_fail` on a run that misses a 50 ms p99 TTFT: it stops, says so on the
+    terminal and in summary.json (figures over the window up to the stop), and exits 0."""
+    out = tmp_path / "stopped"
+    args = ["run", str(EXAMPLE), "--out", str(out), "--set", "slo.ttft_p99_s=0.05", "--set", "sim.stop_on_slo_fail=true",
+            "--set", "workload.duration_s=300"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "STOPPED: SLO CERTAIN TO FAIL" in text and "ttft_p99_s" in text
+    s = json.loads((out / "summary.json").read_text())
+    early = s["stopped_early"]
+    assert s["verdict"] == "unjudged" and not s["slo_met"] and early["over"] >= early["needed"]
+    assert s["window_end_s"] == early["at_s"] < 300 and s["throughput_rps"] > 0
+    assert s["offered_rps"] == pytest.approx(s["offered_rate_rps"], rel=0.4)  # (a rate over the part simulated)

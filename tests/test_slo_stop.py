@@ -151,3 +151,30 @@ def test_a_rack_fails_on_its_first_failing_seed(monkeypatch: pytest.MonkeyPatch)
         assert fast["meets_slo"] is passes and sorted(set(seen)) == ([1, 2, 3] if passes else [1])
         full = evaluate(rack, (1, 2, 3), None, stop_on_fail=False)
         assert full["meets_slo"] is passes and sorted(set(seen)) == [1, 2, 3]
+
+
+def test_the_failing_count_holds_at_its_boundary() -> None:
+    """For every window size N up to 300 and every percentile, `need` values one float step over
+    the target among n <= N finished values (the rest at the target) put numpy's percentile over
+    it: the two values it interpolates between are both over. (A count two lower fails this; one
+    lower would still hold: the + 2 keeps a spare against the rounding of numpy's rank.)"""
+    for n_judged in range(1, 301):
+        arrival = np.arange(float(n_judged))
+        for p in (50, 90, 95, 99):
+            w = SloWatch(arrival, np.full(n_judged, 10), warmup_s=0.0, end_s=float(n_judged),
+                         targets={f"ttft_p{p}_s": 1.0})
+            for _, _, target, need in w.checks:
+                over = np.nextafter(target, np.inf)
+                for n in sorted({need, (need + n_judged) // 2, n_judged}):
+                    x = np.array([target] * (n - need) + [over] * need)
+                    assert np.percentile(x, p) > target, (n_judged, p, need, n)
+
+
+def test_a_day_with_autoscaling_keeps_the_stop() -> None:
+    """A rate-profile day with an autoscaler (its verdict is the fleet's): a stopped run keeps
+    `stopped_early` and the verdict 'unjudged'."""
+    sc = load_scenario(ROOT / "experiments" / "scenarios" / "day-diurnal.toml",
+                       {"workload.rate_profile.day_s": 3600, "workload.duration_s": 3600, "sim.interval_s": 600,
+                        "slo.ttft_p99_s": 0.05, "sim.stop_on_slo_fail": True})
+    s = simulate(sc, 1).summary
+    assert s["verdict"] == "unjudged" and "stopped_early" in s and not s["slo_met"], s["verdict_reason"]
