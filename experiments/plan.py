@@ -624,10 +624,7 @@ def _check_reachable(name: str, base: Scenario, strategies: list[Strategy], gpus
             per = gpus_per_replica(one)
             if per <= max_gpus:
                 ones.append((one, per))
-    todo = {capacity_key(one, speculative=True): one for one, _ in ones}
-    if (jobs or os.cpu_count() or 1) > 1 and len(todo) > 1:
-        for key, cap in _map(_ladder_task, [(one, points) for one in todo.values()], jobs):
-            remember(key, cap, is_ladder=True)
+    _measure_ladders([one for one, _ in ones], points, jobs)
     best = 0.0
     for one, per in ones:
         best = max(best, ladder_of(one, points, speculative=True).rps * (max_gpus // per))  # (an upper bound)
@@ -1163,13 +1160,24 @@ def _ladder_task(one: Scenario, points: str | None) -> tuple[str, Capacity]:
     return capacity_key(one, speculative=True), ladder_of(one, points, speculative=True)
 
 
+def _measure_ladders(ones: list[Scenario], points: str | None, jobs: int | None, label: str = "") -> None:
+    """These one-replica deployments' capacity ladders (each deployment once, in the order
+    given), measured in `jobs` processes and kept in this process's cache: the pools forked
+    after it inherit them (in OUT/points too, with `points`)."""
+    todo: dict[str, Scenario] = {}
+    for one in ones:
+        todo.setdefault(capacity_key(one, speculative=True), one)
+    for key, cap in _map(_ladder_task, [(one, points) for one in todo.values()], jobs, label):
+        remember(key, cap, is_ladder=True)
+
+
 def measure_capacities(spec: PlanSpec, jobs: int | None = None, label: str = "") -> None:
     """Every searched configuration's capacity ladder per replica (`sim.capacity.ladder`: the
     capacity, or where the throughput collapses its peak, an upper bound on it; what `search_row`
     prunes with first), each deployment once, all measured in parallel before the search (a strategy's search then finds
     them: in OUT/points, or in this process's cache, which the search's workers inherit), so one
     strategy's many configurations do not keep a single worker busy while the others idle."""
-    todo: dict[str, Scenario] = {}
+    ones: list[Scenario] = []
     for g in spec.gpus:
         for s in spec.strategies:
             for cfg in grid(spec, s, g, spec.rate_rps):
@@ -1180,11 +1188,10 @@ def measure_capacities(spec: PlanSpec, jobs: int | None = None, label: str = "")
                 per = gpus_per_replica(one)
                 if spec.search.gpus_per_node is not None and per > spec.search.gpus_per_node:
                     continue
-                todo.setdefault(capacity_key(one, speculative=True), one)
+                ones.append(one)
     # the longest first (speculation measures more populations; fewer GPUs a replica, more steps a second)
-    order = sorted(todo.values(), key=lambda sc: (sc.speculative is None, gpus_per_replica(sc)))
-    for key, cap in _map(_ladder_task, [(one, spec.points) for one in order], jobs, label):
-        remember(key, cap, is_ladder=True)
+    ones.sort(key=lambda sc: (sc.speculative is None, gpus_per_replica(sc)))
+    _measure_ladders(ones, spec.points, jobs, label)
 
 
 def run_search(spec: PlanSpec, jobs: int | None = None, prune: bool = True,

@@ -491,7 +491,8 @@ class SloWatch:
         with np.errstate(invalid="ignore"):
             ttft = f - self.arrival[:k]
             e2e = c - self.arrival[:k]
-            final = {"ttft": f <= now, "e2e": c <= now, "tpot": c <= now}
+            done = c <= now
+            final = {"ttft": f <= now, "e2e": done, "tpot": done}
             for key, metric, target, need in self.checks:
                 x = ttft if metric == "ttft" else e2e if metric == "e2e" else (e2e - ttft) / self.per_token[:k]
                 over = int((final[metric] & (x > target)).sum())

@@ -329,7 +329,7 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         if watch.checks:
             failed = env.event()
             ends.append(failed)
-            env.process(_watch_slo(env, reqs, watch, warm, max(5.0 * SLO_CHECK_MIN_S, (end - warm) / SLO_CHECKS), failed))
+            env.process(_watch_slo(env, reqs, watch, warm, max(SLO_CHECK_PERIOD_MIN_S, (end - warm) / SLO_CHECKS), failed))
     # the run allocates a tuple per step row and per event, nearly all freed by reference counting:
     # the cyclic GC's youngest generation is collected less often meanwhile (its share of a sweep's
     # points falls from ~4% to ~2%), and set back after
@@ -375,8 +375,9 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
 
 
 LATE = EventPriority(2)  # a SimPy event priority after URGENT (0) and NORMAL (1): processed after both at its instant
-SLO_CHECKS = 100  # a run stopping on a certain SLO failure checks at least 100 times over its window ...
-SLO_CHECK_MIN_S = 2.0  # ... and at most once every 2 simulated seconds
+SLO_CHECKS = 100  # a run stopping on a certain SLO failure checks its window at least 100 times ...
+SLO_CHECK_PERIOD_MIN_S = 10.0  # ... at least 10 simulated seconds apart while no count is under way ...
+SLO_CHECK_MIN_S = 2.0  # ... and at least 2 s apart when one nears its failing count
 
 
 def _watch_slo(env: simpy.Environment, reqs: Requests, watch: SloWatch, start_s: float, period_s: float,
