@@ -34,7 +34,7 @@ def _outputs(nb: object) -> list[tuple[int, dict]]:
 def test_committed_without_outputs(path: Path) -> None:
     """The project's rule (shared/hooks/before-stop): notebooks are committed without outputs or
     execution counts, so diffs stay readable and nothing stale is shown; the static rendering is
-    made by executing them (README: `jupyter nbconvert --execute --to html`)."""
+    made by executing them (docs/GUIDE.md, "Notebooks": `jupyter nbconvert --execute --to html`)."""
     nb = nbformat.read(path, as_version=4)
     assert not _outputs(nb), f"{path.name}: committed with outputs; clear them"
     assert not [c for c in nb.cells if c.cell_type == "code" and c.get("execution_count")]

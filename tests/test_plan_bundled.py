@@ -1,7 +1,7 @@
 """The bundled buy-mode plan (experiments/plans/assistant-8b-buy.toml, written from scratch as a
 buyer would: Llama-3.1-8B on L40S or A100-80GB, bought in 8-GPU nodes, N+1) reads as it says and
 prices a rack as a hand calculation does. Quick: capacities are stubbed (no simulation); the
-simulated answer and its long-run check are in the README and the issue's closing note."""
+simulated answer and its long-run check are in the closing note of the issue that added it."""
 
 from __future__ import annotations
 
