@@ -46,15 +46,16 @@ import heapq
 import itertools
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from models.memory import BLOCK_SIZE
-from sim.engine import ADMIT_OP, FUSE_MAX_STEPS, NEAR, PREEMPT_OP, SendFeed, decode_one, decode_spec
-from sim.fleet import LIVE
-
-if TYPE_CHECKING:
-    from sim.engine import FuseBound, Replica
+from sim.plans import ADMIT_OP, FUSE_MAX_STEPS, NEAR, PREEMPT_OP, SendFeed
+from sim.policies import adaptive_choice, adaptive_pick
+from sim.pricing import VerifyPlan
+from sim.state import LIVE, FuseBound, ReplicaState
+from sim.step import decode_one, decode_spec
 
 B: Final = BLOCK_SIZE  # (Final: the compiled build reads constants as C values, not module attributes)
 LOOP_STEPS = 1024  # most steps one piece of a closed loop's plan holds (`loop_piece`)
@@ -112,7 +113,7 @@ class Cursor:
     decoding sequences' outcomes, the prefills' progress (a finished one samples its token), and
     the completions. Every entry holds ceil(context / B) KV blocks between steps (`held`)."""
 
-    def __init__(self, rep: Replica, t: float) -> None:
+    def __init__(self, rep: ReplicaState, t: float) -> None:
         self.rep, self.rt, self.reqs = rep, rep.rt, rep.reqs
         rt, reqs = self.rt, self.reqs
         self.spec = rt.spec
@@ -171,7 +172,7 @@ class Cursor:
         self._open()
 
     @staticmethod
-    def joinable(rep: Replica) -> bool:
+    def joinable(rep: ReplicaState) -> bool:
         """Whether a replica's state can be planned from: every entry holds the KV blocks its
         context needs (no more: a step's reservation is released between steps)."""
         n = rep.n_running
@@ -380,12 +381,12 @@ class Cursor:
         if policy == "fixed":
             return spec.k
         if policy == "follow_load":
-            return spec.k if self.rep.speculating else 0
+            return spec.k if self.rep.price.speculating else 0
         if policy == "disable_above_batch":
             return 0 if n_run > spec.disable_batch_size else spec.k
         if not dec:
             return 0
-        return self.rep._adaptive_pick(*self._acc_prop(dec), float(self.ctx))
+        return adaptive_pick(self.rep.price, *self._acc_prop(dec), float(self.ctx))
 
     def _acc_prop(self, dec: list[int]) -> tuple[list[int], list[int]]:
         """The decoding entries' drafts accepted and proposed so far (the adaptive policy's
@@ -540,11 +541,9 @@ class Cursor:
             else:
                 plan = None
                 if spec.shape is not None and k and n_dec:
-                    from sim.engine import VerifyPlan
-
                     tri = qv * qv if not spec.shape.chain else qv * (qv + 1) / 2.0
                     plan = VerifyPlan(float(n_dec) * qv, ctx * qv + float(n_dec) * tri, float(n_dec), ctx)
-                c6 = rep._spec_cost(n_dec, ctx, k, n_pre, pre_tokens, pre_ctx, pre_pairs, plan)
+                c6 = rep.price.spec_cost(n_dec, ctx, k, n_pre, pre_tokens, pre_ctx, pre_pairs, plan)
                 cost = (*c6, pre_tokens)
             self._peek = (self.t, (k, qv, dec, need, parts, adm, cost, victims))
         total, target, draft, over, flops, nbytes, pre_tokens = cost
@@ -776,7 +775,8 @@ class Cursor:
         reservation matters only for whether it fits; with room for every sequence's whole
         reservation it is not summed.) The loop keeps what every step reads in locals: a small
         batch's step is mostly this fixed cost."""
-        spec_step, choose, decode = self.rep._spec_step, self.rep._adaptive_choice, self._decode
+        price = self.rep.price
+        spec_step, decode = price.spec_step, self._decode
         adaptive = self.spec is not None and self.spec.policy == "adaptive"
         rows = self.rows
         k_fixed, qvs = self._k_fixed, self._qv
@@ -797,7 +797,7 @@ class Cursor:
                 if k_fixed >= 0:
                     k, cost = k_fixed, None
                 elif adaptive:  # the choice prices every k: the chosen one's figures come with it
-                    k, cost = choose(*self._acc_prop(act), float(self.ctx))
+                    k, cost = adaptive_choice(price, *self._acc_prop(act), float(self.ctx))
                 else:
                     k, cost = self._k(n, act), None
                 qv = qvs[k]
@@ -839,7 +839,7 @@ class PlainCursor(Cursor):
     the next completion (a heap of FIN) are kept without touching every entry
     (`Replica._plan_absorbing`'s scalars). Entries still prefilling keep their context in `C`."""
 
-    def __init__(self, rep: Replica, t: float) -> None:
+    def __init__(self, rep: ReplicaState, t: float) -> None:
         super().__init__(rep, t)
         self._index()
 
@@ -1010,12 +1010,12 @@ class PlainCursor(Cursor):
         # wait at once (a closed loop without frontend latency, `loop_piece`): that step's row apart
         if end >= arrive or (self.split_done and k == m):
             if k > 1:
-                self.rows.append(rep._run_row(t, k - 1, d0, slope, n, ctx0, used0 + but_last,
+                self.rows.append(rep.price.run_row(t, k - 1, d0, slope, n, ctx0, used0 + but_last,
                                                    self._waiting_at(float(st[k - 1]))))
-            self.rows.append(rep._run_row(float(st[k - 1]), 1, d0 + (k - 1) * slope, 0.0, n, ctx0 + (k - 1) * n,
+            self.rows.append(rep.price.run_row(float(st[k - 1]), 1, d0 + (k - 1) * slope, 0.0, n, ctx0 + (k - 1) * n,
                                                used, self._waiting_at(end)))
         else:
-            self.rows.append(rep._run_row(t, k, d0, slope, n, ctx0, used, self._waiting_at(end)))
+            self.rows.append(rep.price.run_row(t, k, d0, slope, n, ctx0, used, self._waiting_at(end)))
         self.p_steps += k
         self.t = end
         return DONE
@@ -1027,7 +1027,7 @@ def _quiet_until(x: float) -> float:
     return x - 2.0 * QUIET_MARGIN * (x if x > 1.0 else 1.0)
 
 
-def cursor_for(rep: Replica, t: float) -> Cursor:
+def cursor_for(rep: ReplicaState, t: float) -> Cursor:
     """A replica's cursor from its state at t: speculative steps one by one, or plain decode in
     closed form (`PlainCursor`); it plans the steps that preempt."""
     return Cursor(rep, t) if rep.rt.spec is not None else PlainCursor(rep, t)
@@ -1052,7 +1052,7 @@ class RackPlanner:
     until its pieces are out); the ordinary steps it took that the plan has not routed past
     (`outs`); and its planned pieces."""
 
-    def __init__(self, replicas: list[Replica], fuse: FuseBound, horizon_s: float, limit: int) -> None:
+    def __init__(self, replicas: Sequence[ReplicaState], fuse: FuseBound, horizon_s: float, limit: int) -> None:
         self.replicas, self.fuse, self.horizon_s, self.limit = replicas, fuse, horizon_s, limit
         r = len(replicas)
         self.cursors: list[Cursor | None] = [None] * r
@@ -1081,7 +1081,7 @@ class RackPlanner:
         self.event_s = ev
 
     # ------------------------------------------------------------------ the replicas' side
-    def boundary(self, rep: Replica) -> Piece | None:
+    def boundary(self, rep: ReplicaState) -> Piece | None:
         """A replica at a step boundary (now): its next planned piece, planning more when none is
         left; None when its next step is not planned (it takes an ordinary step: `ordinary`)."""
         r = rep.idx
@@ -1111,7 +1111,7 @@ class RackPlanner:
         planned = self.routed.pop(rid, replica)
         assert planned == replica, f"request {rid}: the joint plan routed it to replica {planned}, the router to {replica}"
 
-    def ordinary(self, rep: Replica, end_s: float) -> None:
+    def ordinary(self, rep: ReplicaState, end_s: float) -> None:
         """A replica starts an ordinary step now, ending at `end_s`: its count until then is its
         outstanding requests now plus those the plan sent it that arrive later."""
         if self.broken:
@@ -1132,7 +1132,7 @@ class RackPlanner:
         self.cursors[r] = None
         self.carry[r] = list(c.pending)  # (those that have not arrived when it next reports count)
 
-    def went_idle(self, rep: Replica) -> None:
+    def went_idle(self, rep: ReplicaState) -> None:
         """A replica waits for work from now: known again (empty) from now on."""
         r = rep.idx
         if not self.broken and self.cursors[r] is None and self.j >= 0 and not self.pieces[r]:
@@ -1260,7 +1260,7 @@ class RackPlanner:
             self.outs[r] = [o for o in self.outs[r] if o.end_s > a]
 
 
-def loop_piece(rep: Replica) -> tuple[Piece, SendFeed, bool] | None:
+def loop_piece(rep: ReplicaState) -> tuple[Piece, SendFeed, bool] | None:
     """The next steps of a replica serving a closed loop alone (`Replica._absorbs`: it plans the
     loop's sends itself, `SendFeed`), planned by a cursor as one piece: what the one-replica runs
     (`Replica._absorbing_run`, `Replica._spec_steps_run`) leave to the ordinary step, partial

@@ -25,11 +25,13 @@ from simpy.events import URGENT, EventPriority
 
 from models.speculative import acceptance_at_quantile, acceptance_draws
 from sim.deployment import ReplicaRuntime, check_fits
-from sim.engine import STEP_INT_COLUMNS, FuseBound, Replica, Requests, StepLog
+from sim.engine import Replica
 from sim.fleet import Autoscaler, Fleet, FleetBound, FollowLoad, change_times, timeout_with
 from sim.joint import RackPlanner
 from sim.metrics import SloWatch
 from sim.scenario import Scenario
+from sim.state import FuseBound
+from sim.tables import STEP_INT_COLUMNS, Requests, StepLog
 from sim.workload import streams
 
 GC_YOUNG_THRESHOLD = 20_000  # allocations between collections of the GC's youngest generation during a run
