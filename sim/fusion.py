@@ -39,10 +39,10 @@ from sim.plans import (
     SpecSegment,
     land_at,
 )
-from sim.policies import adaptive_choice, choose_k
+from sim.policies import adaptive_choice, choose_k, policy_k
 from sim.pricing import VerifyPlan
 from sim.state import ReplicaState
-from sim.step import decode_one, decode_spec, draft_counters
+from sim.step import chunk_tokens, decode_one, decode_spec, draft_counters
 
 
 # ------------------------------------------------------------- step fusion
@@ -468,7 +468,7 @@ def whole_prompts(rep: ReplicaState, pending: list[int], budget: int, running: i
             break
         tokens = int(reqs.prompt[rid])
         nb = -(-tokens // B)
-        if tokens <= 0 or nb > free or (tokens > budget and (chunked or budget != full)):
+        if tokens <= 0 or nb > free or chunk_tokens(tokens, budget, budget == full, chunked) < tokens:
             break
         chunks.append(tokens)
         budget -= tokens
@@ -674,8 +674,7 @@ def spec_run(rep: ReplicaState) -> Generator[simpy.Event, Any, int]:
                 # found from there would be the cut after it)
                 b2, e2 = fb.next_s(t, rep.idx, outstanding=n)
                 bound, end_bound = min(bound, b2), min(end_bound, e2)
-            if spec.policy == "disable_above_batch":
-                k = 0 if n > spec.disable_batch_size else spec.k
+            k = policy_k(spec, n, rep.price.speculating)  # (not adaptive: fixed for the run, or by the batch)
             seg = plan_spec_segment(rep, t, c, rem, nxt, k, free, held_sum, bound, end_bound, 1)
             if seg is None:
                 break
@@ -984,8 +983,6 @@ def plan_spec_steps(rep: ReplicaState, absorb: bool) -> tuple[Any, ...] | None:
     held = sum([(x + (B - 1)) // B for x in C])
     ctx = sum(C)
     idx = rep.idx
-    k_max = spec.k
-    fixed_k = (k_max if rep.price.speculating else 0) if policy == "follow_load" else k_max
     tree = shape is not None and not shape.chain
     rows: list[tuple[float, ...]] = []
     done: list[tuple[int, float]] = []  # (entry, completion time), in the order they leave
@@ -995,6 +992,7 @@ def plan_spec_steps(rep: ReplicaState, absorb: bool) -> tuple[Any, ...] | None:
     # step rows are one per step, so metric windows need no cut; speculation that follows the load
     # may switch at one (a FollowLoad tick): there the run ends
     cut = fb.next_cut_s(t) if policy == "follow_load" else math.inf
+    speculating = rep.price.speculating  # (a FollowLoad tick, which switches it, ends the run: `cut`)
     waiting_now = len(waiting)
     while steps < FUSE_MAX_PIECES and t < cut and t < bound:
         n = len(active)
@@ -1004,10 +1002,8 @@ def plan_spec_steps(rep: ReplicaState, absorb: bool) -> tuple[Any, ...] | None:
         if policy == "adaptive":
             k, chosen = (adaptive_choice(rep.price, [ACC[e] + C[e] - PS - (NX[e] + V) for e in active],
                                                [PROP[e] + KS for e in active], float(ctx)) if n else (0, None))
-        elif policy == "disable_above_batch":
-            k = 0 if n > spec.disable_batch_size else k_max
         else:
-            k = fixed_k
+            k = policy_k(spec, n, speculating)
         q = k + 1
         qv = spec.verify_tokens(k) if (tree and k) else q
         # the KV reservation of the decoding sequences (all of them): at most qv // B + 1 blocks

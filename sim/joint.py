@@ -52,10 +52,10 @@ from typing import Any, Final
 
 from models.memory import BLOCK_SIZE
 from sim.plans import ADMIT_OP, FUSE_MAX_STEPS, NEAR, PREEMPT_OP, SendFeed
-from sim.policies import adaptive_choice, adaptive_pick
+from sim.policies import ADAPTIVE, adaptive_choice, adaptive_pick, policy_k
 from sim.pricing import VerifyPlan
 from sim.state import LIVE, FuseBound, ReplicaState
-from sim.step import decode_one, decode_spec
+from sim.step import chunk_blocks, chunk_tokens, decode_one, decode_spec, whole_fits
 
 B: Final = BLOCK_SIZE  # (Final: the compiled build reads constants as C values, not module attributes)
 LOOP_STEPS = 1024  # most steps one piece of a closed loop's plan holds (`loop_piece`)
@@ -374,18 +374,12 @@ class Cursor:
         return self.wait_t == self.t and a <= self.wait_end
 
     def _k(self, n_run: int, dec: list[int]) -> int:
-        """The step's k, as `Replica._choose_k` chooses it."""
+        """The step's k, as `sim.policies.choose_k` chooses it (in scalars)."""
         spec = self.spec
         assert spec is not None
-        policy = spec.policy
-        if policy == "fixed":
-            return spec.k
-        if policy == "follow_load":
-            return spec.k if self.rep.price.speculating else 0
-        if policy == "disable_above_batch":
-            return 0 if n_run > spec.disable_batch_size else spec.k
-        if not dec:
-            return 0
+        k = policy_k(spec, n_run, self.rep.price.speculating)
+        if k != ADAPTIVE or not dec:
+            return k if k != ADAPTIVE else 0
         return adaptive_pick(self.rep.price, *self._acc_prop(dec), float(self.ctx))
 
     def _acc_prop(self, dec: list[int]) -> tuple[list[int], list[int]]:
@@ -431,15 +425,9 @@ class Cursor:
         for e in (self.partials if partials is None else partials):
             if budget <= 0:
                 break
-            rem = TGT[e] - C[e]
-            c = rem if (not chunked and (budget == full or rem <= budget)) else (rem if rem < budget else budget)
             have = ((C[e] + (B - 1)) // B) * B - C[e]  # room in its blocks
-            if c > have:
-                extra = -(-(c - have) // B)
-                if extra > free:
-                    extra = free
-                    c = min(c, have + extra * B)
-                free -= extra
+            c, extra = chunk_blocks(chunk_tokens(TGT[e] - C[e], budget, budget == full, chunked), have, free)
+            free -= extra
             if c <= 0:
                 break
             parts.append((e, c))
@@ -454,13 +442,9 @@ class Cursor:
             # a preempted request recomputes its output too
             tokens = int(reqs.prompt[rid]) + (victims[rid][0] if rid in victims else int(reqs.generated[rid]))
             alone = budget == full
-            if not chunked and not ((tokens <= budget or alone) and -(-tokens // B) <= free):
+            if not chunked and not whole_fits(tokens, -(-tokens // B), budget, alone, free):
                 break  # it waits whole
-            c = tokens if (not chunked and (alone or tokens <= budget)) else (tokens if tokens < budget else budget)
-            extra = -(-c // B)
-            if extra > free:
-                extra = free
-                c = min(c, extra * B)
+            c, extra = chunk_blocks(chunk_tokens(tokens, budget, alone, chunked), 0, free)
             free -= extra
             adm.append((rid, c, tokens))
             budget -= c

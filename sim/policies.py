@@ -19,6 +19,7 @@ from models.speculative import expected_tokens_table
 from sim.pricing import StepPricer, needs_general
 
 if TYPE_CHECKING:
+    from sim.deployment import SpecRuntime
     from sim.state import ReplicaState
 
 ADAPTIVE_SCALAR_SEQS = 40  # the adaptive policy weighs a larger batch's acceptance estimates with numpy
@@ -111,24 +112,61 @@ def expected_sums_by_depth(n: int, acc: list[int], prop: list[int], dp: list[flo
     return out
 
 
+ADAPTIVE = -1  # `policy_k`'s answer for the adaptive policy: k is weighed from acceptance estimates
+
+
+def fixed(spec: SpecRuntime, n_running: int, speculating: bool) -> int:
+    """Always k (`num_speculative_tokens`)."""
+    return spec.k
+
+
+def follow_load(spec: SpecRuntime, n_running: int, speculating: bool) -> int:
+    """k while the fleet's load controller has speculation on, else 0."""
+    return spec.k if speculating else 0
+
+
+def disable_above_batch(spec: SpecRuntime, n_running: int, speculating: bool) -> int:
+    """0 once more than `disable_batch_size` sequences run, else k."""
+    return 0 if n_running > spec.disable_batch_size else spec.k
+
+
+def policy_k(spec: SpecRuntime, n_running: int, speculating: bool) -> int:
+    """The step's k under a policy that does not weigh acceptance (`fixed`, `follow_load`,
+    `disable_above_batch`), from the sequences running and whether speculation is on; ADAPTIVE
+    under the adaptive policy (`adaptive_k`, `adaptive_pick`). Every path that takes a step asks it."""
+    policy = spec.policy
+    if policy == "fixed":
+        return fixed(spec, n_running, speculating)
+    if policy == "follow_load":
+        return follow_load(spec, n_running, speculating)
+    if policy == "disable_above_batch":
+        return disable_above_batch(spec, n_running, speculating)
+    return ADAPTIVE
+
+
 def choose_k(rep: ReplicaState, dec: np.ndarray) -> int:
+    """The ordinary step's k: the policy's (`policy_k`), or the adaptive one's over the decoding
+    sequences `dec` (`adaptive_k`); 0 without speculation."""
     spec = rep.rt.spec
     if spec is None:
         return 0
-    if spec.policy == "fixed":
-        return spec.k
-    if spec.policy == "follow_load":
-        return spec.k if rep.price.speculating else 0
-    if spec.policy == "disable_above_batch":
-        return 0 if rep.n_running > spec.disable_batch_size else spec.k
-    # adaptive: maximise expected emitted tokens per second of step time, k = 0..k_max, with
-    # each request's acceptance estimated from what it has had accepted (prior 0.7, weight 4)
+    k = policy_k(spec, rep.n_running, rep.price.speculating)
+    return k if k != ADAPTIVE else adaptive_k(rep, dec)
+
+
+def adaptive_k(rep: ReplicaState, dec: np.ndarray) -> int:
+    """The adaptive policy's k for the decoding sequences `dec` (booleans over the running ones):
+    maximise expected emitted tokens per second of step time, k = 0..k_max, each request's
+    acceptance estimated from what it has had accepted (prior 0.7, weight 4). In scalars for the
+    plain chain when steps are priced in scalars (`adaptive_pick`), else over arrays."""
+    spec = rep.rt.spec
+    assert spec is not None
     if not dec.any():
         return 0
     n = rep.n_running
     if rep.scalar_steps and spec.shape is None:
         return adaptive_pick(rep.price, rep.n_acc[:n][dec].tolist(), rep.n_prop[:n][dec].tolist(),
-                                   float(rep.computed[:n][dec].sum()))
+                             float(rep.computed[:n][dec].sum()))
     est = (rep.n_acc[:n][dec] + 0.7 * 4.0) / (rep.n_prop[:n][dec] + 4.0)
     if needs_general(spec):
         return choose_k_general(rep, dec, est)

@@ -89,6 +89,34 @@ def draft_counters(entries: list[int], C: list[int], NX: list[int], V: int, PROP
 
 
 # ------------------------------------------------------------- engine loop
+def chunk_tokens(remaining: int, budget: int, alone: bool, chunked: bool) -> int:
+    """Tokens of a prefill chunk in a step's token budget: with chunked prefill what is left, up to
+    the budget; without, the whole remainder when it fits the budget or goes alone in the step
+    (`alone`: the budget is whole; a prompt that must wait is `whole_fits`'s to say)."""
+    if not chunked and (alone or remaining <= budget):
+        return remaining
+    return remaining if remaining < budget else budget
+
+
+def chunk_blocks(c: int, have: int, free: int) -> tuple[int, int]:
+    """(tokens, new KV blocks) of a prefill chunk of c tokens with `have` tokens of room in the
+    blocks its sequence holds: the blocks beyond that room, as many as are free (the chunk then
+    shrinks to what they hold)."""
+    if c <= have:
+        return c, 0
+    extra = -(-(c - have) // BLOCK_SIZE)
+    if extra > free:
+        extra = free
+        c = min(c, have + extra * BLOCK_SIZE)
+    return c, extra
+
+
+def whole_fits(tokens: int, blocks: int, budget: int, alone: bool, free: int) -> bool:
+    """Without chunked prefill a prompt is admitted whole or waits: it fits the budget (or goes
+    alone in the step) and its KV blocks are free."""
+    return (tokens <= budget or alone) and blocks <= free
+
+
 def prefill_pending(rep: ReplicaState) -> bool:
     """Whether prefill work could be scheduled now: a partly prefilled sequence, or a waiting
     request with a free slot and a free block."""
@@ -144,7 +172,7 @@ def fits_whole(rep: ReplicaState, rid: int, budget: int, alone: bool) -> bool:
         need -= blocks
         if h:  # unreferenced cached blocks of the hit are free capacity the admission takes
             need += rep.cache.evictable_blocks(rep.units(rid)[0][:h])
-    return (tokens <= budget or alone) and need <= rep.free_blocks
+    return whole_fits(tokens, need, budget, alone, rep.free_blocks)
 
 
 def fit_chunk(rep: ReplicaState, i: int, budget: int, alone: bool = False) -> int:
@@ -152,13 +180,10 @@ def fit_chunk(rep: ReplicaState, i: int, budget: int, alone: bool = False) -> in
     reserves its blocks. Without chunked prefill the whole remainder (which _fits_whole
     checked), even past the budget when it goes alone."""
     remaining = int(rep.target[i] - rep.computed[i])
-    c = remaining if (not rep.rt.chunked_prefill and (alone or remaining <= budget)) else min(remaining, budget)
+    c = chunk_tokens(remaining, budget, alone, rep.rt.chunked_prefill)
     have = int(rep.blocks[i]) * BLOCK_SIZE - int(rep.computed[i])  # room in held blocks
-    if c > have:
-        extra_blocks = -(-(c - have) // BLOCK_SIZE)
-        if extra_blocks > rep.free_blocks:
-            extra_blocks = rep.free_blocks
-            c = min(c, have + extra_blocks * BLOCK_SIZE)
-        rep.blocks[i] += extra_blocks
-        rep.free_blocks -= extra_blocks
+    c, extra = chunk_blocks(c, have, rep.free_blocks)
+    if extra:
+        rep.blocks[i] += extra
+        rep.free_blocks -= extra
     return max(0, c)
