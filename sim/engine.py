@@ -25,7 +25,7 @@ from sim.plans import SPEC_STEP_SEQS
 from sim.policies import choose_k
 from sim.pricing import VerifyPlan, needs_general, plannable
 from sim.state import FuseBound, ReplicaState
-from sim.step import plan_prefill, prefill_pending
+from sim.step import plan_prefill, prefill_pending, prefill_sums
 from sim.tables import Requests, StepLog
 
 if TYPE_CHECKING:
@@ -186,19 +186,7 @@ class Replica(ReplicaState):
                 if self.n_running:
                     self.preempt_youngest()
                 continue
-            if n_pre == 1:  # one chunk (the usual case): the sums below, of one element, in scalars
-                pre_tokens = float(chunks[0])
-                pre_ctx = float(self.computed[chunk_idx[0]])
-                pre_pairs = pre_tokens * pre_ctx + 0.5 * (pre_tokens * (pre_tokens + 1.0))
-            elif n_pre:
-                cs = np.asarray(chunk_idx, dtype=np.int64)
-                ch = np.asarray(chunks, dtype=np.float64)
-                pre_ctx_arr = self.computed[cs].astype(np.float64)
-                pre_tokens = float(ch.sum())
-                pre_ctx = float(pre_ctx_arr.sum())
-                pre_pairs = float((ch * pre_ctx_arr).sum() + 0.5 * (ch * (ch + 1.0)).sum())
-            else:
-                pre_tokens = pre_ctx = pre_pairs = 0.0
+            pre_tokens, pre_ctx, pre_pairs = prefill_sums(chunks, self.computed[chunk_idx].tolist())
             ctx_dec = float(self.computed[ds].sum()) if n_dec else 0.0
             total_s, target_s, draft_s, over_s, flops, nbytes = self.price.spec_cost(
                 n_dec, ctx_dec, k, n_pre, pre_tokens, pre_ctx, pre_pairs, plan)

@@ -42,7 +42,7 @@ from sim.plans import (
 from sim.policies import adaptive_choice, choose_k, policy_k
 from sim.pricing import VerifyPlan
 from sim.state import ReplicaState
-from sim.step import chunk_tokens, decode_one, decode_spec, draft_counters
+from sim.step import chunk_tokens, decode_one, decode_spec, draft_counters, prefill_sums
 
 
 # ------------------------------------------------------------- step fusion
@@ -271,7 +271,7 @@ def plan_absorbing(rep: ReplicaState) -> tuple[Any, ...] | None:
         return None  # a preempted request (recompute): the ordinary loop
     rem0 = rep.out[:n] - rep.gen[:n]
     cost = rt.cost
-    plain, tp = rt.spec is None, cost.tp
+    plain = rt.spec is None
     feed, queued, stride, j = arrival_source(rep)
     t = rep.env.now
     _, end_bound = fb.next_s(t, rep.idx)
@@ -379,11 +379,8 @@ def plan_absorbing(rep: ReplicaState) -> tuple[Any, ...] | None:
         chunks, free2, (pre_tokens, pre_ctx, pre_pairs) = whole
         n_pre = len(chunks)
         ctx_dec = float(sum_base + n * S) if n else 0.0
-        if plain:  # `_spec_cost` without speculation, its arithmetic in its order (cached terms)
-            total_s, flops, nbytes = cost.pass_sums(n + n_pre, n + pre_tokens, ctx_dec + pre_ctx,
-                                                    ctx_dec + n * 2 / 2.0 + pre_pairs)
-            flops *= tp
-            nbytes *= tp
+        if plain:
+            total_s, flops, nbytes = rep.price.plain_step(n, ctx_dec, n_pre, pre_tokens, pre_ctx, pre_pairs)
             target_s, over_s = total_s, 0.0
         else:
             total_s, target_s, _, over_s, flops, nbytes = rep.price.spec_cost(
@@ -477,17 +474,7 @@ def whole_prompts(rep: ReplicaState, pending: list[int], budget: int, running: i
     n_pre = len(chunks)
     if n_pre < len(pending):
         return None
-    if n_pre == 1:  # as the ordinary step sums one chunk
-        pre_tokens = float(chunks[0])
-        pre_ctx = 0.0
-        pre_pairs = pre_tokens * pre_ctx + 0.5 * (pre_tokens * (pre_tokens + 1.0))
-    else:
-        ch = np.asarray(chunks, dtype=np.float64)
-        pre_ctx_arr = np.zeros(n_pre)
-        pre_tokens = float(ch.sum())
-        pre_ctx = float(pre_ctx_arr.sum())
-        pre_pairs = float((ch * pre_ctx_arr).sum() + 0.5 * (ch * (ch + 1.0)).sum())
-    return chunks, free, (pre_tokens, pre_ctx, pre_pairs)
+    return chunks, free, prefill_sums(chunks, [0] * n_pre)
 
 
 def arrived_at(rep: ReplicaState, queued: list[float], j: int, stride: int, t: float,

@@ -55,7 +55,7 @@ from sim.plans import ADMIT_OP, FUSE_MAX_STEPS, NEAR, PREEMPT_OP, SendFeed
 from sim.policies import ADAPTIVE, adaptive_choice, adaptive_pick, policy_k
 from sim.pricing import VerifyPlan
 from sim.state import LIVE, FuseBound, ReplicaState
-from sim.step import chunk_blocks, chunk_tokens, decode_one, decode_spec, whole_fits
+from sim.step import chunk_blocks, chunk_tokens, decode_one, decode_spec, prefill_sums, whole_fits
 
 B: Final = BLOCK_SIZE  # (Final: the compiled build reads constants as C values, not module attributes)
 LOOP_STEPS = 1024  # most steps one piece of a closed loop's plan holds (`loop_piece`)
@@ -502,26 +502,12 @@ class Cursor:
             n_pre = len(parts) + len(adm)
             if not n_dec and not n_pre:
                 return HARD  # nothing fits: the ordinary step preempts
-            if n_pre == 1:
-                e_or_r, c = (parts[0] if parts else adm[0][:2])
-                pre_tokens = float(c)
-                pre_ctx = float(self.C[e_or_r]) if parts else 0.0
-                pre_pairs = pre_tokens * pre_ctx + 0.5 * (pre_tokens * (pre_tokens + 1.0))
-            elif n_pre:
-                cs = [c for _, c in parts] + [c for _, c, _ in adm]
-                ctxs = [self.C[e] for e, _ in parts]
-                pre_tokens = float(sum(cs))
-                pre_ctx = float(sum(ctxs))
-                pre_pairs = float(sum([c * x for c, x in zip(cs, ctxs, strict=False)])) + 0.5 * float(
-                    sum([c * (c + 1) for c in cs]))
-            else:
-                pre_tokens = pre_ctx = pre_pairs = 0.0
+            pre_tokens, pre_ctx, pre_pairs = prefill_sums([c for _, c in parts] + [c for _, c, _ in adm],
+                                                          [self.C[e] for e, _ in parts] + [0] * len(adm))
             ctx = float(self.ctx - vctx) if n_dec else 0.0
             if spec is None:
-                cm = self.rt.cost
-                total, flops, nbytes = cm.pass_sums(n_dec + n_pre, n_dec + pre_tokens, ctx + pre_ctx,
-                                                    ctx + n_dec * 2 / 2.0 + pre_pairs)
-                cost = (total, total, 0.0, 0.0, flops * cm.tp, nbytes * cm.tp, pre_tokens)
+                total, flops, nbytes = rep.price.plain_step(n_dec, ctx, n_pre, pre_tokens, pre_ctx, pre_pairs)
+                cost = (total, total, 0.0, 0.0, flops, nbytes, pre_tokens)
             else:
                 plan = None
                 if spec.shape is not None and k and n_dec:

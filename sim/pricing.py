@@ -116,6 +116,16 @@ class StepPricer:
         assert spec is not None
         return spec.overhead_frac_at_2 + spec.overhead_frac_per_seq * max(0, n_dec - 2)
 
+    def plain_step(self, n_dec: int, ctx_dec: float, n_pre: int, pre_tokens: float, pre_ctx: float,
+                   pre_pairs: float) -> tuple[float, float, float]:
+        """(total_s, flops, bytes) of a step without speculation: `spec_cost`'s figures, its
+        arithmetic in its order, from the cost model's terms cached per batch (`pass_sums`)."""
+        cost = self.rt.cost
+        assert isinstance(cost, CostModel)
+        total, flops, nbytes = cost.pass_sums(n_dec + n_pre, n_dec + pre_tokens, ctx_dec + pre_ctx,
+                                              ctx_dec + n_dec * 2 / 2.0 + pre_pairs)
+        return total, flops * cost.tp, nbytes * cost.tp
+
     def spec_cost(self, n_dec: int, ctx_dec: float, k: int, n_pre: int, pre_tokens: float,
                    pre_ctx: float, pre_pairs: float,
                    plan: VerifyPlan | None = None) -> tuple[float, float, float, float, float, float]:

@@ -117,6 +117,19 @@ def whole_fits(tokens: int, blocks: int, budget: int, alone: bool, free: int) ->
     return (tokens <= budget or alone) and blocks <= free
 
 
+def prefill_sums(chunks: list[int], ctxs: list[int]) -> tuple[float, float, float]:
+    """(tokens, contexts, attention pairs) of a step's prefill chunks, chunk c at context x attending
+    to c x + c (c + 1) / 2 pairs: what the pricer charges for them (`StepPricer.spec_cost`). The
+    sums are of integers, so exact whatever their order."""
+    if len(chunks) == 1:  # (the usual case)
+        tokens, ctx = float(chunks[0]), float(ctxs[0])
+        return tokens, ctx, tokens * ctx + 0.5 * (tokens * (tokens + 1.0))
+    if not chunks:
+        return 0.0, 0.0, 0.0
+    pairs = float(sum([c * x for c, x in zip(chunks, ctxs, strict=True)])) + 0.5 * float(sum([c * (c + 1) for c in chunks]))
+    return float(sum(chunks)), float(sum(ctxs)), pairs
+
+
 def prefill_pending(rep: ReplicaState) -> bool:
     """Whether prefill work could be scheduled now: a partly prefilled sequence, or a waiting
     request with a free slot and a free block."""
