@@ -34,6 +34,7 @@ from sim.plans import (
     FUSE_MAX_STEPS,
     NEAR,
     PREEMPT_OP,
+    SPEC_STEP_SEQS,
     RunSegment,
     SendFeed,
     SpecSegment,
@@ -46,6 +47,35 @@ from sim.step import chunk_tokens, decode_one, decode_spec, draft_counters, pref
 
 
 # ------------------------------------------------------------- step fusion
+def fused_steps(rep: ReplicaState, absorbs: bool, loops: bool) -> Generator[simpy.Event, Any, int]:
+    """The fused run the replica's state allows now, if any (the engine asks at every step boundary
+    where fusion is on): without speculation a run admitting arrivals (`absorbs`: `can_absorb`, with
+    room for every request waiting), else one of pure decode steps; with speculation a run planned
+    step by step in scalars or, for a large batch of a plain fixed-policy chain, by arrays; then, for
+    a closed loop of one replica (`loops`), a cursor's piece (partial prefills, chunked admissions).
+    Returns the steps advanced (0: none; the ordinary step is taken)."""
+    rt, spec = rep.rt, rep.rt.spec
+    # (a run admitting arrivals admits every request waiting at its start, or none starts)
+    room = absorbs and (not rep.waiting or rep.n_running + len(rep.waiting) <= rt.max_num_seqs)
+    done_steps = 0
+    if spec is None:
+        if room:
+            done_steps = yield from absorbing_run(rep)
+        if not done_steps:
+            segs = plan_run(rep)
+            if segs is not None:
+                done_steps = yield from fused_run(rep, segs)
+    else:
+        array = spec.shape is None and spec.policy != "adaptive"  # `spec_run` plans it too
+        if not array or rep.n_running <= SPEC_STEP_SEQS:
+            done_steps = yield from spec_steps_run(rep, room)
+        if not done_steps and array:
+            done_steps = yield from spec_run(rep)
+    if not done_steps and loops:
+        done_steps = yield from loop_run(rep)
+    return done_steps
+
+
 def can_chain(rep: ReplicaState) -> bool:
     """Whether a fused run may go on through completions: nothing outside the replica reacts
     to one (no `on_complete` hook: not a closed loop, no autoscaler), an open loop's bound

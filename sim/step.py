@@ -26,6 +26,8 @@ import math
 import numpy as np
 
 from models.memory import BLOCK_SIZE
+from sim.policies import choose_k
+from sim.pricing import VerifyPlan, needs_general
 from sim.state import ReplicaState
 
 
@@ -200,3 +202,181 @@ def fit_chunk(rep: ReplicaState, i: int, budget: int, alone: bool = False) -> in
         rep.blocks[i] += extra
         rep.free_blocks -= extra
     return max(0, c)
+
+
+class StepPlan:
+    """One ordinary step, planned (`plan_step`): its decoding entries (`ds`, `n_dec` of the `n`
+    running; `dec` over them), depth k, the suffix matches drawn (`matched`), the verification plan
+    of the general methods, its prefill chunks (entries, tokens) and their priced sums, and its
+    price (seconds, FLOPs, bytes by part). `decoding`: a decode step (not a prefill step of its
+    own), which multi-step scheduling counts; `stalling`: a prefill-only step while sequences
+    wait to decode; `empty`: nothing fitted (the youngest sequence was preempted instead)."""
+
+    def __init__(self, n: int, dec: np.ndarray, ds: slice | np.ndarray, n_dec: int, k: int, matched: np.ndarray | None,
+                 plan: VerifyPlan | None, chunk_idx: list[int], chunks: list[int], decoding: bool,
+                 stalling: bool) -> None:
+        self.n, self.dec, self.ds, self.n_dec, self.k, self.matched, self.plan = n, dec, ds, n_dec, k, matched, plan
+        self.chunk_idx, self.chunks, self.decoding, self.stalling = chunk_idx, chunks, decoding, stalling
+        self.empty = n_dec == 0 and not chunk_idx
+        self.pre_tokens = self.pre_ctx = self.pre_pairs = 0.0
+        self.total_s = self.target_s = self.draft_s = self.over_s = self.flops = self.nbytes = 0.0
+
+    def row(self, idx: int, start: float, emitted: int, used_blocks: int, waiting: int, gap: float) -> tuple[float, ...]:
+        """The step's row of the step table (`sim.tables.STEP_COLUMNS`)."""
+        n_pre = len(self.chunk_idx)
+        dec_tok = self.n_dec * (self.k + 1) if self.plan is None else self.plan.tokens
+        return (idx, start, self.total_s, self.n_dec + n_pre, self.n_dec, self.pre_tokens, dec_tok, emitted, self.k,
+                used_blocks, waiting, self.flops, self.nbytes, self.target_s, self.draft_s, self.over_s, gap, 1, 0.0)
+
+
+def reserve_decode(rep: ReplicaState, k: int, qv: int, matched: np.ndarray | None, dec: np.ndarray,
+                   all_dec: bool) -> tuple[np.ndarray, bool]:
+    """Rule 1's reservation: KV blocks for the tokens each decoding sequence can write this step
+    (k + 1, never past its remaining output; a running sequence always has one left, so 1 needs no
+    check; a tree's every node, `qv`, never past the model's length: vLLM/SGLang reserve slots for the
+    whole tree; with suffix matches one token where none matched), preempting the youngest while
+    blocks run short. Returns the decoding flags over the sequences left and whether it preempted."""
+    rt = rep.rt
+    q = k + 1
+    preempted = False
+    n = rep.n_running
+    while True:
+        grow: int | np.ndarray
+        if q == 1:
+            grow = 1
+        elif qv != q:
+            grow = np.minimum(qv, rt.max_model_len - rep.computed[:n])
+        elif matched is not None:
+            grow = np.where(matched[:n], np.minimum(q, rep.out[:n] - rep.gen[:n]), 1)
+        else:
+            grow = np.minimum(q, rep.out[:n] - rep.gen[:n])
+        need = (rep.computed[:n] + (grow + BLOCK_SIZE - 1)) // BLOCK_SIZE - rep.blocks[:n]
+        if not all_dec:
+            need *= dec  # blocks for the decoding sequences only
+        need_total = int(need.sum())
+        if need_total <= rep.free_blocks:
+            break
+        rep.preempt_youngest()
+        preempted = True
+        n = rep.n_running
+        dec = dec[:n]
+    if need_total:
+        rep.blocks[:n] += need
+        rep.free_blocks -= need_total
+    return dec, preempted
+
+
+def plan_step(rep: ReplicaState, separate: bool, decode_due: bool) -> StepPlan:
+    """Rules 0-3 up to the step's price: a prefill step of its own (`separate`, unless multi-step
+    scheduling has a decode step due, `decode_due`, and something decodes), or the decode
+    reservation (k from the policy) then the prefill chunks in the budget left (mixed prefill; none
+    admitted in a step that preempted, as in vLLM v1: the victim, back at the head of the queue,
+    would be readmitted into the blocks just taken from it), priced by the replica's pricer. When
+    nothing fits, the youngest sequence is preempted and the plan is `empty`."""
+    rt = rep.rt
+    spec = rt.spec
+    budget_max = rt.max_num_batched_tokens
+    n = rep.n_running
+    dec = rep.computed[:n] >= rep.target[:n]
+    all_dec = bool(dec.all())
+    chunk_idx: list[int] = []
+    chunks: list[int] = []
+    if separate and not (decode_due and dec.any()) and prefill_pending(rep):
+        # prefill steps of their own, scheduled first (vLLM V0's default scheduler, SGLang):
+        # decodes wait while any prompt can be prefilled
+        chunk_idx, chunks = plan_prefill(rep, budget_max, dec, True, all_dec)
+    plan: VerifyPlan | None = None
+    matched = None
+    if chunk_idx:
+        step = StepPlan(n, dec, slice(0, 0), 0, 0, None, None, chunk_idx, chunks, False, bool(dec.any()))
+    else:
+        k = choose_k(rep, dec)
+        q = k + 1
+        general = spec is not None and k > 0 and needs_general(spec)
+        qv = spec.verify_tokens(k) if general and spec is not None else q
+        if general and spec is not None and spec.on_match:
+            # suffix decoding proposes only where the suffix tree has a match this step
+            matched = rep.rng.random(n) < rep.reqs.match[rep.rid[:n]]
+        dec, preempted = reserve_decode(rep, k, qv, matched, dec, all_dec)
+        n = rep.n_running
+        n_dec = n if all_dec else int(dec.sum())
+        # decoding entries: a slice (a cheap view) when every running sequence decodes
+        ds = slice(0, n) if n_dec == n else np.flatnonzero(dec)
+        plan = (rep.price.verify_plan(rep.computed[ds], k, None if matched is None else matched[:n][ds])
+                if general else None)
+        if not separate:
+            dec_tokens = n_dec * q if plan is None else round(plan.tokens)
+            chunk_idx, chunks = plan_prefill(rep, budget_max - dec_tokens, dec, not preempted, all_dec)
+        step = StepPlan(n, dec, ds, n_dec, k, matched, plan, chunk_idx, chunks, True, False)
+    if step.empty:
+        if rep.n_running:
+            rep.preempt_youngest()
+        return step
+    step.pre_tokens, step.pre_ctx, step.pre_pairs = prefill_sums(chunks, rep.computed[chunk_idx].tolist())
+    ctx_dec = float(rep.computed[step.ds].sum()) if step.n_dec else 0.0
+    (step.total_s, step.target_s, step.draft_s, step.over_s, step.flops, step.nbytes) = rep.price.spec_cost(
+        step.n_dec, ctx_dec, step.k, len(chunk_idx), step.pre_tokens, step.pre_ctx, step.pre_pairs, plan)
+    return step
+
+
+def verify_outcomes(rep: ReplicaState, step: StepPlan) -> int:
+    """Rule 3's decode results: each decoding sequence emits its accepted drafts + 1 (its
+    verification outcome, drawn before the run: `Requests.drafts_accepted`), capped by its tokens
+    left, or one token without drafts; the draft counters advance, and blocks reserved for rejected
+    drafts are released. Returns the tokens emitted."""
+    n, n_dec, ds, k, matched = step.n, step.n_dec, step.ds, step.k, step.matched
+    if not n_dec:
+        return 0
+    spec = rep.rt.spec
+    if spec is not None and k > 0 and matched is not None:
+        # suffix: sequences without a match decoded one token and verified nothing
+        hit = matched[:n][ds]
+        acc = np.zeros(n_dec, dtype=np.int64)
+        d_hit = np.arange(n)[ds][hit]
+        acc[hit] = rep.reqs.drafts_accepted(rep.rid[d_hit], rep.n_verify[d_hit], k)
+        emit = np.minimum(acc + 1, rep.out[ds] - rep.gen[ds])
+        rep.n_prop[ds] += k * hit
+        rep.n_acc[ds] += acc
+        rep.n_verify[ds] += hit
+        rep.n_vemit[ds] += emit * hit
+        emitted = int(emit.sum())
+    elif spec is not None and k > 0:
+        acc = rep.reqs.drafts_accepted(rep.rid[ds], rep.n_verify[ds], k)
+        emit = np.minimum(acc + 1, rep.out[ds] - rep.gen[ds])
+        rep.n_prop[ds] += k  # a tree counts its depth (accepted <= proposed), not its nodes
+        rep.n_acc[ds] += acc  # drafted tokens the target agreed with (vLLM's count)
+        rep.n_verify[ds] += 1
+        rep.n_vemit[ds] += emit
+        emitted = int(emit.sum())
+    else:
+        rep.gen[ds] += 1  # one token each: a running sequence always has one left
+        rep.computed[ds] += 1
+        return n_dec
+    rep.gen[ds] += emit
+    rep.computed[ds] += emit
+    # release blocks reserved for rejected draft tokens
+    keep = -(-rep.computed[ds] // BLOCK_SIZE)
+    rep.free_blocks += int((rep.blocks[ds] - keep).sum())
+    rep.blocks[ds] = keep
+    return emitted
+
+
+def finish_step(rep: ReplicaState, step: StepPlan, now: float) -> int:
+    """The step's end (rule 3): decode results (`verify_outcomes`), prefill progress (a prefill
+    done samples one token; its full blocks join the prefix cache), and the finished sequences
+    leave. Returns the tokens emitted."""
+    reqs = rep.reqs
+    emitted = verify_outcomes(rep, step)
+    for j, chunk in zip(step.chunk_idx, step.chunks, strict=True):  # (entries are distinct)
+        rep.computed[j] += chunk
+        if rep.cache is not None:  # prefill work done, and its full units join the cache
+            reqs.prefill_computed[rep.rid[j]] += chunk
+            rep.register(j)
+    for j in step.chunk_idx:
+        if rep.computed[j] >= rep.target[j]:
+            if rep.gen[j] == 0:
+                reqs.first_token[rep.rid[j]] = now
+            rep.gen[j] += 1
+            emitted += 1
+    rep.leave(now)
+    return emitted
