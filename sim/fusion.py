@@ -95,12 +95,12 @@ def plan_run(rep: ReplicaState) -> list[RunSegment] | None:
     one side of each metric window boundary) and the run ends before the horizon.
 
     When the run's last step completes a sequence, nothing waits and nothing outside reacts
-    to a completion (`_chains`), the run goes on with the smaller batch: the finished
+    to a completion (`can_chain`), the run goes on with the smaller batch: the finished
     sequences leave at the exact end of that step and the next segment is planned from
     there, the same way (a segment of one step included), with the bound recomputed from the
     replica's reduced outstanding count under least-outstanding routing (fewer outstanding
     here: more arrivals may come here; the bound can only tighten). The segments, advanced
-    in one timeout by `_fused_run`, are returned; None for an ordinary step."""
+    in one timeout by `fused_run`, are returned; None for an ordinary step."""
     n = rep.n_running
     fb = rep.fuse
     assert fb is not None
@@ -149,14 +149,14 @@ def plan_run(rep: ReplicaState) -> list[RunSegment] | None:
 
 # ------------------------------------------------------------- fused runs that admit arrivals
 def can_absorb(rep: ReplicaState) -> bool:
-    """Whether a fused run may also admit requests (`_absorbing_run`): a run through
-    completions (`_chains`: an open loop, nothing reacting to a completion, no prefix cache)
+    """Whether a fused run may also admit requests (`absorbing_run`): a run through
+    completions (`can_chain`: an open loop, nothing reacting to a completion, no prefix cache)
     with mixed prefill, where the router sends a request regardless of the replicas' state
     (one replica, or round robin), so the arrivals that reach this replica, and when, are known
     from the request table. Under least outstanding a run could only admit the requests waiting
     when it starts and stop where a request could next be sent to it (often the next arrival):
     planning that costs as much as the ordinary step it replaces (measured: the default mix on
-    two replicas 25% slower), so least outstanding keeps `_plan_run`."""
+    two replicas 25% slower), so least outstanding keeps `plan_run`."""
     fb = rep.fuse
     if fb is None or rep.rt.prefill == "separate":
         return False
@@ -174,9 +174,9 @@ def absorbing_run(rep: ReplicaState) -> Generator[simpy.Event, Any, int]:
     replica, in one timeout; returns its steps (0: none planned, take an ordinary step).
 
     It is planned as the unfused loop would take its steps, in plain Python over scalars
-    (`_plan_absorbing`): pure decode segments while nothing arrives (priced and bounded as
-    `_plan_segment` does), and, after a step during which requests arrived, the mixed step
-    that admits them and prefills them whole (priced by `_spec_cost` as the ordinary step),
+    (`plan_absorbing`): pure decode segments while nothing arrives (priced and bounded as
+    `plan_segment` does), and, after a step during which requests arrived, the mixed step
+    that admits them and prefills them whole (priced by `StepPricer.spec_cost` as the ordinary step),
     then decode segments again. Every running sequence gains one token a step, so sequence e
     has context base_e + S after the run's S-th step: the context sum, the KV blocks the next
     steps take (a 16-bin histogram of base_e mod 16) and the next completion (a heap of the
@@ -188,7 +188,7 @@ def absorbing_run(rep: ReplicaState) -> Generator[simpy.Event, Any, int]:
         return 0
     end_s, steps, rows, (done, gone), admitted, entries, s_end, free, feed = plan
     # (the completions inside the run are not shown to `outstanding` while it is in flight, as
-    # `_fused_run` shows them: with one replica or round robin no router reads it); the
+    # `fused_run` shows them: with one replica or round robin no router reads it); the
     # admissions are, to `queued` (the backlog limit counts the requests waiting)
     rep.taken = [start for _, start, _ in admitted]
     yield from land_at(rep.env, end_s)  # (the end its plan counted with)
@@ -198,10 +198,7 @@ def absorbing_run(rep: ReplicaState) -> Generator[simpy.Event, Any, int]:
     base, fin, rids, alive = entries
     n0 = rep.n_running
     if done:
-        g = np.array([rids[e] for e in gone], dtype=np.int64)
-        reqs.completion[g] = np.array(done)
-        reqs.generated[g] = reqs.output[g]  # a finished request has generated its whole output
-        reqs.n_done += len(gone)
+        rep.finish_requests([rids[e] for e in gone], done, None)
     # the survivors, in slot order: the run's first sequences, then the admitted ones
     live = np.array(alive, dtype=bool)
     if not live[:n0].all():
@@ -256,7 +253,7 @@ def take_admitted(rep: ReplicaState, admitted: list[tuple[int, float, float]], f
 def leave_planned(heap: list[tuple[int, int]], S: int, t: float, base: list[int], hist: list[int],
                    alive: list[bool], done: list[float], gone: list[int], n: int, free: int,
                    sum_base: int) -> tuple[int, int, int]:
-    """`_plan_absorbing`'s completions after its S-th step, at time t: the entries finishing
+    """`plan_absorbing`'s completions after its S-th step, at time t: the entries finishing
     there leave the plan's state (their blocks freed); returns (sequences, free blocks,
     context base sum) after them."""
     B = BLOCK_SIZE
@@ -275,7 +272,7 @@ def leave_planned(heap: list[tuple[int, int]], S: int, t: float, base: list[int]
 
 
 def plan_absorbing(rep: ReplicaState) -> tuple[Any, ...] | None:
-    """The plan of `_absorbing_run` (see there), or None when it cannot start now (nothing
+    """The plan of `absorbing_run` (see there), or None when it cannot start now (nothing
     runs and nothing waits, a partial prefill, a preempted request waiting, or no piece
     possible). The run stops, before the piece that would break a rule, where the ordinary
     loop must decide: a request that cannot be admitted and prefilled whole in its step (no
@@ -288,7 +285,7 @@ def plan_absorbing(rep: ReplicaState) -> tuple[Any, ...] | None:
     if n == 0 and not waiting:
         return None
     if waiting and (n + len(waiting) > rep.rt.max_num_seqs or rep.free_blocks <= 0):
-        return None  # not all of them can be admitted: `_plan_run`'s runs with requests waiting
+        return None  # not all of them can be admitted: `plan_run`'s runs with requests waiting
     c0 = rep.computed[:n]
     B = BLOCK_SIZE
     if n and ((c0 < rep.target[:n]).any()
@@ -479,8 +476,8 @@ def arrival_source(rep: ReplicaState) -> tuple[SendFeed | None, list[float], int
 
 def whole_prompts(rep: ReplicaState, pending: list[int], budget: int, running: int,
                    free: int) -> tuple[list[int], int, tuple[float, float, float]] | None:
-    """A mixed step's admissions in a run's plan, by the ordinary step's rules (`_plan_prefill`,
-    `_fits_whole`): every pending request, FCFS, prefilled whole in the token `budget` left
+    """A mixed step's admissions in a run's plan, by the ordinary step's rules (`sim.step.plan_prefill`,
+    `sim.step.fits_whole`): every pending request, FCFS, prefilled whole in the token `budget` left
     after the decodes (without chunked prefill the first goes whole even past it), with a slot
     and its KV blocks among `free`; None when one cannot (a chunk of it, or it waits: the
     ordinary loop decides). Returns the chunks, the blocks then free and the prefill's sums
@@ -509,7 +506,7 @@ def whole_prompts(rep: ReplicaState, pending: list[int], budget: int, running: i
 
 def arrived_at(rep: ReplicaState, queued: list[float], j: int, stride: int, t: float,
                 feed: SendFeed | None) -> tuple[int, list[int], int, bool]:
-    """`_arrived` into a new list of pending requests (a closed loop's sends mapped from the
+    """`arrived` into a new list of pending requests (a closed loop's sends mapped from the
     feed's indices to their requests): (next index, the requests, how many, near)."""
     pending: list[int] = []
     j, waits, near = arrived(queued, j, stride, t, pending)
@@ -575,7 +572,7 @@ def plan_segment(rep: ReplicaState, t: float, n: int, c: np.ndarray, m: int, fre
     ba = (after + (BLOCK_SIZE - 1)) // BLOCK_SIZE
     split = bool(st[k] >= bound)
     # blocks held after the first k - 1 steps (the row of a split segment's first part; a finishing
-    # one may be split too: `_fused_run`)
+    # one may be split too: `fused_run`)
     but_last = int(((after + (BLOCK_SIZE - 2)) // BLOCK_SIZE).sum()) - held if split or k == finish else 0
     return RunSegment(k, d0, slope, split, ctx0, k == finish, t, float(st[k]), after, ba, int(ba.sum()) - held,
                       but_last, last_start_s=float(st[k - 1]))
@@ -622,7 +619,7 @@ def fused_run(rep: ReplicaState, segs: list[RunSegment]) -> Generator[simpy.Even
 
 def log_run(rep: ReplicaState, start: float, steps: int, d0: float, slope: float, n: int, ctx0: float,
              used_blocks: int, waiting: int) -> None:
-    """One step row for `steps` pure decode steps of n sequences (`_run_row`)."""
+    """One step row for `steps` pure decode steps of n sequences (`StepPricer.run_row`)."""
     rep.log.append(rep.price.run_row(start, steps, d0, slope, n, ctx0, used_blocks, waiting))
 
 
@@ -630,10 +627,10 @@ def spec_run(rep: ReplicaState) -> Generator[simpy.Event, Any, int]:
     """A run of speculative decode steps in one timeout; returns how many steps it advanced
     (0: none, the loop takes an ordinary step, and nothing, the RNG included, has changed).
 
-    The conditions at the run's first step are those of `_plan_run` (every running sequence
+    The conditions at the run's first step are those of `plan_run` (every running sequence
     decodes, no admission possible, steps start before `FuseBound.next_s` and the run ends
     before the end bound), plus KV blocks held = ceil(computed / B) for every sequence (what
-    every step leaves behind). Each segment of the run (`_plan_spec_segment`) draws the
+    every step leaves behind). Each segment of the run (`plan_spec_segment`) draws the
     acceptance outcomes of its candidate steps in one call (the uniforms the unfused loop
     would draw, in its order) and, vectorised over the steps, the tokens each step emits, the
     contexts, every step's cost (bit-identical to the ordinary step's), the KV reservation
@@ -644,9 +641,9 @@ def spec_run(rep: ReplicaState) -> Generator[simpy.Event, Any, int]:
     it are given back (the generator is rewound to just after its draws).
 
     When a segment ends with sequences finishing, nothing waits, nothing outside reacts to a
-    completion (`_chains`) and k is not re-chosen from acceptance estimates (every policy but
+    completion (`can_chain`) and k is not re-chosen from acceptance estimates (every policy but
     adaptive), the run goes on with the smaller batch from the exact end of that step, as
-    `_plan_run` does (the bound recomputed under least outstanding): the finished sequences
+    `plan_run` does (the bound recomputed under least outstanding): the finished sequences
     leave at that end. So a fused run is the unfused loop's steps, to the last bit of every
     number but the clock (one timeout of the steps' summed durations)."""
     rt, env = rep.rt, rep.env
@@ -761,7 +758,7 @@ def run_piece(rep: ReplicaState, piece: Piece, feed: SendFeed | None = None) -> 
     """A piece of the rack's joint plan (`sim.joint.Piece`), or of a closed loop's (with the
     sends it planned, `feed`: `sim.joint.loop_piece`): its steps in one timeout (two where one
     cannot land on its end: `land_at`), applied at
-    its end as a run admitting arrivals is (`_spec_steps_run`); returns its steps."""
+    its end as a run admitting arrivals is (`spec_steps_run`); returns its steps."""
     env = rep.env
     assert abs(piece.start_s - env.now) <= 1e-9 * max(1.0, env.now), (piece.start_s, env.now)
     rep.gone = piece.gone
@@ -799,42 +796,21 @@ def run_piece(rep: ReplicaState, piece: Piece, feed: SendFeed | None = None) -> 
         for adm, start in piece.admitted:
             if math.isnan(reqs.scheduled[adm]):
                 reqs.scheduled[adm] = start
-        for r, *was in piece.preempted:  # (as `_preempt_youngest` syncs them)
+        for r, *was in piece.preempted:  # (as `ReplicaState.preempt_youngest` syncs them)
             reqs.generated[r] = was[0]
             if rep.rt.spec is not None:
                 reqs.proposed[r], reqs.accepted[r], reqs.verify_steps[r], reqs.verify_emitted[r] = was[1:]
             reqs.preemptions[r] += 1
     if piece.first:
         reqs.first_token[[r for r, _ in piece.first]] = [f for _, f in piece.first]
+    spec = rep.rt.spec is not None
     if piece.done:
-        g = np.array([d[0] for d in piece.done], dtype=np.int64)
-        reqs.completion[g] = [d[1] for d in piece.done]
-        reqs.generated[g] = reqs.output[g]  # a finished request has generated its whole output
-        if rep.rt.spec is not None:
-            reqs.proposed[g] = [d[2] for d in piece.done]
-            reqs.accepted[g] = [d[3] for d in piece.done]
-            reqs.verify_steps[g] = [d[4] for d in piece.done]
-            reqs.verify_emitted[g] = [d[5] for d in piece.done]
-        reqs.n_done += len(piece.done)
+        done = piece.done
+        rep.finish_requests([d[0] for d in done], [d[1] for d in done],
+                            ([d[2] for d in done], [d[3] for d in done], [d[4] for d in done], [d[5] for d in done])
+                            if spec else None)
     rid, c, left, tgt, prop, acc, ver, vem = piece.state
-    m = len(rid)
-    rep.ints[:, :m] = 0
-    if m:
-        ra = np.array(rid, dtype=np.int64)
-        cm = np.array(c, dtype=np.int64)
-        rep.rid[:m] = ra
-        rep.computed[:m] = cm
-        rep.blocks[:m] = (cm + (BLOCK_SIZE - 1)) // BLOCK_SIZE
-        rep.target[:m] = tgt
-        rep.out[:m] = reqs.output[ra]
-        rep.gen[:m] = rep.out[:m] - np.array(left, dtype=np.int64)
-        if rep.rt.spec is not None:
-            rep.n_prop[:m] = prop
-            rep.n_acc[:m] = acc
-            rep.n_verify[:m] = ver
-            rep.n_vemit[:m] = vem
-    rep.n_running = m
-    rep.free_blocks = piece.free
+    rep.restore(rid, c, left, tgt, (prop, acc, ver, vem) if spec else None, piece.free)
     if feed is not None:  # (the closed loop's sends for its completions: the piece made them)
         feed.commit(rep, {r for r, _ in piece.admitted}, piece.end_s)
     elif piece.done and reqs.on_complete is not None:  # (an autoscaled fleet: a draining replica emptied leaves)
@@ -844,9 +820,9 @@ def run_piece(rep: ReplicaState, piece: Piece, feed: SendFeed | None = None) -> 
 
 
 def spec_steps_run(rep: ReplicaState, absorb: bool) -> Generator[simpy.Event, Any, int]:
-    """A fused run of speculative steps planned step by step in scalars (`_plan_spec_steps`),
+    """A fused run of speculative steps planned step by step in scalars (`plan_spec_steps`),
     in one timeout; returns its steps (0: none planned, take an ordinary step). `absorb`: the
-    run also admits the arrivals that reach this replica (`_absorbs`). Applied when the
+    run also admits the arrivals that reach this replica (`can_absorb`). Applied when the
     timeout fires: admissions from the waiting queue, completions with their counters, the
     slot arrays (the run's first sequences in their order, then the admitted ones) and the
     step rows."""
@@ -864,7 +840,7 @@ def spec_steps_run(rep: ReplicaState, absorb: bool) -> Generator[simpy.Event, An
     C, R, RID, TGT, PROP, ACC, VER, VEM, active = ent
     if rep.cache is not None:
         # (with a prefix cache a run admits nothing and ends at its first completion: its
-        # sequences keep their slots, and leave through `_leave`, which caches their blocks)
+        # sequences keep their slots, and leave through `ReplicaState.leave`, which caches their blocks)
         n0 = rep.n_running
         cm = np.array(C[:n0], dtype=np.int64)
         rep.computed[:n0] = cm
@@ -880,31 +856,11 @@ def spec_steps_run(rep: ReplicaState, absorb: bool) -> Generator[simpy.Event, An
         return steps
     if done:
         es = [e for e, _ in done]
-        g = np.array([RID[e] for e in es], dtype=np.int64)
-        reqs.completion[g] = np.array([t for _, t in done])
-        reqs.generated[g] = reqs.output[g]  # a finished request has generated its whole output
-        reqs.proposed[g] = [PROP[e] for e in es]
-        reqs.accepted[g] = [ACC[e] for e in es]
-        reqs.verify_steps[g] = [VER[e] for e in es]
-        reqs.verify_emitted[g] = [VEM[e] for e in es]
-        reqs.n_done += len(es)
-    m = len(active)
-    rep.ints[:, :m] = 0
-    if m:
-        ra = np.array([RID[e] for e in active], dtype=np.int64)
-        cm = np.array([C[e] for e in active], dtype=np.int64)
-        rep.rid[:m] = ra
-        rep.computed[:m] = cm
-        rep.blocks[:m] = (cm + (BLOCK_SIZE - 1)) // BLOCK_SIZE
-        rep.target[:m] = [TGT[e] for e in active]
-        rep.out[:m] = reqs.output[ra]
-        rep.gen[:m] = rep.out[:m] - np.array([R[e] for e in active], dtype=np.int64)
-        rep.n_prop[:m] = [PROP[e] for e in active]
-        rep.n_acc[:m] = [ACC[e] for e in active]
-        rep.n_verify[:m] = [VER[e] for e in active]
-        rep.n_vemit[:m] = [VEM[e] for e in active]
-    rep.n_running = m
-    rep.free_blocks = free
+        rep.finish_requests([RID[e] for e in es], [t for _, t in done],
+                            ([PROP[e] for e in es], [ACC[e] for e in es], [VER[e] for e in es], [VEM[e] for e in es]))
+    rep.restore([RID[e] for e in active], [C[e] for e in active], [R[e] for e in active], [TGT[e] for e in active],
+                ([PROP[e] for e in active], [ACC[e] for e in active], [VER[e] for e in active],
+                 [VEM[e] for e in active]), free)
     if done and reqs.on_complete is not None and feed is None:  # (a run ends at the first completion then)
         reqs.on_complete(len(done))
     end_absorbing(rep, rows, admitted, feed, end_s)
@@ -912,13 +868,13 @@ def spec_steps_run(rep: ReplicaState, absorb: bool) -> Generator[simpy.Event, An
 
 
 def plan_spec_steps(rep: ReplicaState, absorb: bool) -> tuple[Any, ...] | None:
-    """The plan of `_spec_steps_run`: the steps the unfused loop would take, one by one in plain
+    """The plan of `spec_steps_run`: the steps the unfused loop would take, one by one in plain
     Python over the entries' scalars (context, tokens left, next outcome, counters), while
     every running sequence decodes: each step's k by the policy (adaptive: from the entries'
-    estimates, `_adaptive_pick`), its KV reservation (k + 1 tokens capped by what is left; a
+    estimates, `sim.policies.adaptive_pick`), its KV reservation (k + 1 tokens capped by what is left; a
     tree's every node, capped by the model's length), with `absorb` the FCFS admission of the
-    arrivals of the previous step prefilled whole in the budget left (`_whole_prompts`), its
-    price (`_spec_step`, or `_spec_cost` with a prefill), each decoding sequence's outcome
+    arrivals of the previous step prefilled whole in the budget left (`whole_prompts`), its
+    price (`StepPricer.spec_step`, or `StepPricer.spec_cost` with a prefill), each decoding sequence's outcome
     (`Requests.lead_b`), the rejected drafts' blocks released, first tokens and completions.
 
     None when no step can be planned now: nothing runs (and, with `absorb`, nothing waits), a
@@ -930,7 +886,7 @@ def plan_spec_steps(rep: ReplicaState, absorb: bool) -> tuple[Any, ...] | None:
     first arrival that could reach this replica, recomputed after completions under least
     outstanding) or ending at the end bound, an arrival within NEAR of a step's end (with
     `absorb`), a metric cut under follow_load (a tick may switch speculation), a completion
-    when a request waits for its slot or something outside reacts to it (`_chains`), an idle
+    when a request waits for its slot or something outside reacts to it (`can_chain`), an idle
     replica, or FUSE_MAX_PIECES steps."""
     rt, fb, reqs = rep.rt, rep.fuse, rep.reqs
     spec = rt.spec
@@ -946,7 +902,7 @@ def plan_spec_steps(rep: ReplicaState, absorb: bool) -> tuple[Any, ...] | None:
     policy = spec.policy
     shape = spec.shape
     if policy == "adaptive" and shape is not None:
-        return None  # (its k is chosen by `_choose_k_general`, over arrays)
+        return None  # (its k is chosen by `sim.policies.choose_k_general`, over arrays)
     B = BLOCK_SIZE
     c0 = rep.computed[:n]
     if n and ((c0 < rep.target[:n]).any() or (rep.blocks[:n] != (c0 + (B - 1)) // B).any()):
@@ -1123,7 +1079,7 @@ def plan_spec_steps(rep: ReplicaState, absorb: bool) -> tuple[Any, ...] | None:
             break
         if left and last:
             break
-        if left and least:  # (never past the run's first bounds, as `_spec_run`)
+        if left and least:  # (never past the run's first bounds, as `spec_run`)
             b2, e2 = fb.next_s(t, rep.idx, outstanding=len(active))
             bound, end_bound = min(bound, b2), min(end_bound, e2)
         if not absorb and t >= bound:
@@ -1139,7 +1095,7 @@ def plan_spec_steps(rep: ReplicaState, absorb: bool) -> tuple[Any, ...] | None:
 def plan_spec_segment(rep: ReplicaState, now: float, c: np.ndarray, rem: np.ndarray, nxt: np.ndarray, k: int,
                        free: int, held_sum: int, bound: float, end_bound: float,
                        min_steps: int) -> SpecSegment | None:
-    """One segment of `_spec_run` from time `now`: the sequences at contexts c (KV blocks held
+    """One segment of `spec_run` from time `now`: the sequences at contexts c (KV blocks held
     ceil(c / B), `held_sum` in all) with `rem` tokens left, their next verification outcomes
     at `nxt` in `Requests.lead` (each step of depth k > 0 takes the next one of every
     sequence), speculating k, `free` blocks free; None when fewer than `min_steps` steps fit."""

@@ -18,8 +18,8 @@ reached at that arrival, the end of the run) finds every planned step completed,
 engine would.
 
 A replica's steps follow the rules of the ordinary step (`sim.engine.Replica.run`): plain decode
-segments in closed form (`Replica._plan_segment`'s expressions), speculative steps one by one (the
-prices and outcomes of `Replica._plan_spec_steps`), and the mixed step that continues the partial
+segments in closed form (`sim.fusion.plan_segment`'s expressions), speculative steps one by one (the
+prices and outcomes of `sim.fusion.plan_spec_steps`), and the mixed step that continues the partial
 prefills and admits the waiting requests (FCFS, chunked in the token budget left, or whole
 without chunked prefill; a preempted request recomputes its prompt and output so far). What a
 cursor cannot plan (a decode step that would preempt, a step with nothing that fits, a step
@@ -34,7 +34,7 @@ they could reach is planned; the replica's own runs plan what they can and the c
 (partial prefills, chunked admissions), so the capacity ladders leave the ordinary step.
 
 Each replica executes its planned steps as pieces (`Piece`, one SimPy timeout each, ending exactly
-at the planned time) and applies them when the timeout fires, as `Replica._absorbing_run` applies
+at the planned time) and applies them when the timeout fires, as `sim.fusion.absorbing_run` applies
 a run; the arrival process keeps routing requests itself (by `Replica.outstanding`, which a piece
 keeps exact), and a piece's admissions are checked against the waiting queue it routed them to.
 """
@@ -409,7 +409,7 @@ class Cursor:
 
     def _prefill_plan(self, n_dec: int, qv: int, free: int, partials: list[int] | None = None, admit: bool = True
                       ) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]], int]:
-        """The step's prefill chunks by `_plan_prefill`'s and `_fit_chunk`'s rules: the token budget
+        """The step's prefill chunks by `sim.step.plan_prefill`'s and `sim.step.fit_chunk`'s rules: the token budget
         left after the decodes goes to the partial prefills in slot order, then to the waiting
         requests arrived by t, FCFS, while a slot and a free block remain (a prompt chunked in the
         budget and the blocks left, or whole without chunked prefill). Returns the partials'
@@ -612,7 +612,7 @@ class Cursor:
                 return v, vpart, vfree, vctx, left, qv, need
 
     def _preempt(self) -> None:
-        """The ordinary step's preemption by recompute (`Replica._preempt_youngest`): the youngest
+        """The ordinary step's preemption by recompute (`ReplicaState.preempt_youngest`): the youngest
         entry leaves its slot and its KV blocks and goes back to the head of the queue, keeping
         its output so far and its draft counters for its readmission (`victims`, `_add`)."""
         e = self.active[-1]
@@ -807,7 +807,7 @@ class PlainCursor(Cursor):
     entry e has context C_e + S after the cursor's S-th step (`C` holds its base) and finishes at
     step FIN_e; the context sum, the KV blocks the next steps take (a histogram of base mod B) and
     the next completion (a heap of FIN) are kept without touching every entry
-    (`Replica._plan_absorbing`'s scalars). Entries still prefilling keep their context in `C`."""
+    (`sim.fusion.plan_absorbing`'s scalars). Entries still prefilling keep their context in `C`."""
 
     def __init__(self, rep: ReplicaState, t: float) -> None:
         super().__init__(rep, t)
@@ -922,7 +922,7 @@ class PlainCursor(Cursor):
         self.gone.append((t, count))
 
     def _segment(self, a: float, end_bound: float, fb: FuseBound) -> int:
-        """Plain decode steps from t in closed form (`Replica._plan_segment`'s expressions): the
+        """Plain decode steps from t in closed form (`sim.fusion.plan_segment`'s expressions): the
         steps that start before the next metric cut and before the first waiting request arrives
         (the step after it admits it), end before a and before `end_bound`, up to the first
         completion and while the KV blocks they grow into are free. A step during which a waiting
@@ -960,7 +960,7 @@ class PlainCursor(Cursor):
                 return PREEMPT  # it would preempt
         last = mm - 1
         slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
-        # on the unfused engine's clock (`CostModel.decode_clock`, as `_plan_segment`)
+        # on the unfused engine's clock (`CostModel.decode_clock`, as `sim.fusion.plan_segment`)
         st = cost.decode_clock(n, ctx0, t, mm)
         k = min(bisect.bisect_left(st, sb, 0, mm), bisect.bisect_left(st, el, 1, mm + 1) - 1)
         if k < 1:  # its first step ends at or after a (it waits for the arrival's routing), or past the end bound
@@ -1231,9 +1231,9 @@ class RackPlanner:
 
 
 def loop_piece(rep: ReplicaState) -> tuple[Piece, SendFeed, bool] | None:
-    """The next steps of a replica serving a closed loop alone (`Replica._absorbs`: it plans the
+    """The next steps of a replica serving a closed loop alone (`sim.fusion.can_absorb`: it plans the
     loop's sends itself, `SendFeed`), planned by a cursor as one piece: what the one-replica runs
-    (`Replica._absorbing_run`, `Replica._spec_steps_run`) leave to the ordinary step, partial
+    (`sim.fusion.absorbing_run`, `sim.fusion.spec_steps_run`) leave to the ordinary step, partial
     prefills and chunked admissions included, by the same rules (`Cursor.advance`).
 
     Each completion sends the table's next request at once (`sim.run.ClosedLoop`): it waits for

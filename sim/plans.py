@@ -54,7 +54,7 @@ def land_at(env: simpy.Environment, end_s: float) -> Generator[simpy.Event, Any,
 
 
 class SendFeed:
-    """The closed-loop sends a fused run plans itself (one replica; `Replica._absorbs`): each
+    """The closed-loop sends a fused run plans itself (one replica; `sim.fusion.can_absorb`): each
     completion sends the table's next request at once (`sim.run.ClosedLoop`), which reaches the
     queue after the frontend's latency, or at once without one (then it waits for the next step,
     as the closed loop submits it inside the completing step's end). `times`/`rids`: the sends on
@@ -111,7 +111,7 @@ class SendFeed:
 
 
 class RunSegment(NamedTuple):
-    """One segment of a fused run of plain decode steps (`Replica._plan_run`): `steps` steps of
+    """One segment of a fused run of plain decode steps (`sim.fusion.plan_run`): `steps` steps of
     the same sequences from `start_s`, the first lasting d0, each next one `slope` longer, ending
     at `end_s` (when `finishing`, with a sequence finishing); the contexts and KV blocks after it,
     the blocks it takes (`new_blocks`; `new_blocks_but_last`: in its first steps - 1, when
@@ -135,7 +135,7 @@ class RunSegment(NamedTuple):
 
 
 class SpecSegment(NamedTuple):
-    """One segment of a fused run of speculative steps (`Replica._plan_spec_segment`): `steps`
+    """One segment of a fused run of speculative steps (`sim.fusion.plan_spec_segment`): `steps`
     steps of the same n sequences speculating k, the first starting at starts[0], ending at
     `end_s`; per step (arrays over its steps, or longer: only the first `steps` count) the costs,
     the tokens emitted and the KV blocks held after it (all but the last); per sequence the tokens

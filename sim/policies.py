@@ -91,7 +91,7 @@ def expected_sums(n: int, acc: list[int], prop: list[int], dp: list[float]) -> l
 
 
 def expected_sums_by_depth(n: int, acc: list[int], prop: list[int], dp: list[float]) -> list[float]:
-    """The same expected tokens summed as numpy sums a large batch's (`Replica._adaptive_choice`,
+    """The same expected tokens summed as numpy sums a large batch's (`adaptive_choice`,
     k_max >= 2): each depth's survival products over the sequences in order (numpy's sum over
     the rows of a (sequences x depths) array adds row by row), cumulated over the depths, plus n;
     bit for bit numpy's figures, in scalars (what the compiled build runs)."""
@@ -175,16 +175,16 @@ def adaptive_k(rep: ReplicaState, dec: np.ndarray) -> int:
 
 
 def adaptive_pick(price: StepPricer, acc: list[int], prop: list[int], ctx: float) -> int:
-    """The adaptive policy's k for one step of the plain chain (`_adaptive_choice`)."""
+    """The adaptive policy's k for one step of the plain chain (`adaptive_choice`)."""
     return adaptive_choice(price, acc, prop, ctx)[0]
 
 
 def adaptive_choice(price: StepPricer, acc: list[int], prop: list[int], ctx: float
                      ) -> tuple[int, tuple[float, float, float, float, float, float]]:
     """The adaptive policy's k for one step of the plain chain, in scalars, and that step's
-    `_spec_step` figures: each decoding sequence's acceptance estimated from its drafts
+    `StepPricer.spec_step` figures: each decoding sequence's acceptance estimated from its drafts
     accepted and proposed so far (prior 0.7, weight 4), the expected tokens of each k =
-    0..k_max summed over them, each k priced as the step itself would be (`_spec_step`), and
+    0..k_max summed over them, each k priced as the step itself would be (`StepPricer.spec_step`), and
     the smallest k within rounding of the best rate. The unfused step and the fused planner
     both choose with it (one code path: the same k)."""
     spec = price.rt.spec
@@ -212,7 +212,7 @@ def adaptive_choice(price: StepPricer, acc: list[int], prop: list[int], ctx: flo
 def adaptive_k_many(price: StepPricer, est: np.ndarray, ctx: np.ndarray, n_dec: int) -> np.ndarray:
     """The adaptive policy's k for each of m steps (rows): the decoding sequences' acceptance
     estimates `est` (m, n_dec) and their context sums `ctx` (m,). One row is one step's
-    choice (`_choose_k`); a fused run evaluates every step of the run in one call."""
+    choice (`choose_k`); a fused run evaluates every step of the run in one call."""
     spec = price.rt.spec
     assert spec is not None
     m = est.shape[0]
@@ -234,7 +234,7 @@ def adaptive_k_many(price: StepPricer, est: np.ndarray, ctx: np.ndarray, n_dec: 
 
 
 def choose_k_general(rep: ReplicaState, dec: np.ndarray, est: np.ndarray) -> int:
-    """The adaptive policy for the general methods: each k = 0..k_max priced by `_spec_cost`
+    """The adaptive policy for the general methods: each k = 0..k_max priced by `StepPricer.spec_cost`
     itself (the step's own formulas), expected tokens from the method's closed form."""
     spec = rep.rt.spec
     assert spec is not None

@@ -43,7 +43,7 @@ class VerifyPlan(NamedTuple):
 
 
 def plannable(spec: Any) -> bool:
-    """Whether a method's steps can be planned ahead in scalars (`_plan_spec_steps`): the chain,
+    """Whether a method's steps can be planned ahead in scalars (`sim.fusion.plan_spec_steps`): the chain,
     a depth profile or a token tree; not a windowed self-draft, suffix matches or a host cost."""
     return spec.draft_window is None and not spec.on_match and not spec.host_s_per_seq > 0
 
@@ -183,10 +183,10 @@ class StepPricer:
         return tc.total_s + draft_s + over, tc.total_s, draft_s, over, flops, nbytes
 
     def spec_step(self, n_dec: int, ctx: float, k: int) -> tuple[float, float, float, float, float, float]:
-        """`_spec_cost` of one decode-only step (every sequence decoding, no prefill) at context
+        """`spec_cost` of one decode-only step (every sequence decoding, no prefill) at context
         sum `ctx`, in scalars with its operations in its order (bit-identical: the additions of
         an empty prefill, x + 0.0, are x), each pass priced as `CostModel.pass_sums` prices it, inline
-        from the terms that depend on the batch and k only (`_spec_step_parts`, cached per batch, k
+        from the terms that depend on the batch and k only (`spec_step_parts`, cached per batch, k
         and whether speculation is on): a short fused run's steps cost less so than with numpy."""
         if k and self.rt.spec is not None and self.rt.spec.shape is not None:
             return self.shape_step(n_dec, ctx, k)
@@ -230,10 +230,10 @@ class StepPricer:
         return step + over, total, draft, over, flops, nbytes
 
     def shape_step(self, n_dec: int, ctx: float, k: int) -> tuple[float, float, float, float, float, float]:
-        """`_spec_step` for a depth profile or a token tree (k > 0): `_spec_cost` of the decode-only
-        step with the verification plan `_verify_plan` makes (every sequence verifying its q =
+        """`spec_step` for a depth profile or a token tree (k > 0): `spec_cost` of the decode-only
+        step with the verification plan `verify_plan` makes (every sequence verifying its q =
         `verify_tokens(k)` tokens, a tree's attention tile q x q) and the draft passes of
-        `_draft_sums`, each pass priced by `CostModel.pass_sums` (bit-identical to `step_sums`)."""
+        `draft_sums`, each pass priced by `CostModel.pass_sums` (bit-identical to `step_sums`)."""
         rt = self.rt
         spec = rt.spec
         cost = rt.cost
@@ -272,7 +272,7 @@ class StepPricer:
         return got
 
     def spec_step_parts(self, n_dec: int, k: int) -> StepParts:
-        """`_spec_step`'s terms that depend on the batch and k only (a fused replica's models have
+        """`spec_step`'s terms that depend on the batch and k only (a fused replica's models have
         no sliding window, `affine_in_context`, so `pass_sums` would take them from its cache)."""
         rt = self.rt
         spec = rt.spec
@@ -280,7 +280,7 @@ class StepPricer:
         assert spec is not None and isinstance(cost, CostModel)
         dc = spec.draft_cost
         assert not cost.window and not (isinstance(dc, CostModel) and dc.window)
-        assert k < 1024  # (`_spec_step`'s cache key; the scenario allows num_speculative_tokens <= 16)
+        assert k < 1024  # (`spec_step`'s cache key; the scenario allows num_speculative_tokens <= 16)
         q = k + 1
         lin, kv_w, w, act, comm_s, over_s, lin_f = cost.pass_parts(n_dec, n_dec * q + 0.0)
         draft_p: DraftParts | None = None
@@ -299,9 +299,9 @@ class StepPricer:
                 self.overhead_frac(n_dec) if self.speculating else None)
 
     def spec_cost_many(self, n_dec: int, ctx: np.ndarray, k: int) -> tuple[Any, ...]:
-        """`_spec_cost` of decode-only steps (every sequence decoding, no prefill) at each context
+        """`spec_cost` of decode-only steps (every sequence decoding, no prefill) at each context
         sum in `ctx`, vectorised, with the same operations in the same order (bit-identical); a
-        few steps (SPEC_SCALAR_STEPS) step by step in scalars (`_spec_step`: numpy's per-call
+        few steps (SPEC_SCALAR_STEPS) step by step in scalars (`spec_step`: numpy's per-call
         cost dominates arrays that short)."""
         rt = self.rt
         spec = rt.spec
@@ -329,7 +329,7 @@ class StepPricer:
         else:
             draft, step = 0.0, total
         plain = total if k == 0 else rt.cost.step_sums_many(n_dec, n_dec, ctx, ctx + n_dec, totals=True)[0]
-        # follow_load switched off: the plain decode path, no machinery (as `_spec_cost`)
+        # follow_load switched off: the plain decode path, no machinery (as `spec_cost`)
         over = plain * self.overhead_frac(n_dec) if self.speculating else 0.0 * plain
         return step + over, total, draft, over, flops, nbytes
 

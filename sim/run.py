@@ -142,7 +142,7 @@ class ClosedLoop:
         self.inflight: deque[tuple[float, int]] = deque()
         reqs.on_complete = self._completed
         # one replica, each completion sending the table's next request at once: a fused run may
-        # plan the sends itself (sim/engine.py, `Replica._absorbs`)
+        # plan the sends itself (`sim.fusion.can_absorb`)
         reqs.closed = self if (think_s is None and not_before is None and until_s == np.inf
                                and len(replicas) == 1) else None
         for _ in range(concurrency):  # all clients send at t = 0

@@ -274,6 +274,40 @@ class ReplicaState:
             if reqs.on_complete is not None:
                 reqs.on_complete(int(f.size))
 
+    def finish_requests(self, rids: list[int], times: list[float],
+                        counters: tuple[list[int], list[int], list[int], list[int]] | None) -> None:
+        """Requests that completed inside a fused run or piece, in the order they left: their
+        completion times, their whole output generated and, speculating, their draft counters
+        (proposed, accepted, verifications, verification-emitted tokens)."""
+        reqs = self.reqs
+        g = np.array(rids, dtype=np.int64)
+        reqs.completion[g] = times
+        reqs.generated[g] = reqs.output[g]  # a finished request has generated its whole output
+        if counters is not None:
+            reqs.proposed[g], reqs.accepted[g], reqs.verify_steps[g], reqs.verify_emitted[g] = counters
+        reqs.n_done += len(rids)
+
+    def restore(self, rid: list[int], c: list[int], left: list[int], tgt: list[int],
+                counters: tuple[list[int], list[int], list[int], list[int]] | None, free: int) -> None:
+        """The running entries after a fused run or piece, in slot order (request, context,
+        tokens left, prefill target and, speculating, draft counters), each holding the KV blocks
+        its context needs, and the blocks left free."""
+        m = len(rid)
+        self.ints[:, :m] = 0
+        if m:
+            ra = np.array(rid, dtype=np.int64)
+            cm = np.array(c, dtype=np.int64)
+            self.rid[:m] = ra
+            self.computed[:m] = cm
+            self.blocks[:m] = (cm + (BLOCK_SIZE - 1)) // BLOCK_SIZE
+            self.target[:m] = tgt
+            self.out[:m] = self.reqs.output[ra]
+            self.gen[:m] = self.out[:m] - np.array(left, dtype=np.int64)
+            if counters is not None:
+                self.n_prop[:m], self.n_acc[:m], self.n_verify[:m], self.n_vemit[:m] = counters
+        self.n_running = m
+        self.free_blocks = free
+
     def enqueue(self, rid: int) -> None:
         """Request rid joins the waiting queue (the arrival process's `submit` also wakes the
         process; a fused run's own sends land while it runs)."""

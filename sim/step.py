@@ -79,7 +79,7 @@ def decode_spec(C: list[int], R: list[int], NX: list[int], V: int, lead: bytes, 
 
 def draft_counters(entries: list[int], C: list[int], NX: list[int], V: int, PROP: list[int], ACC: list[int],
               VER: list[int], VEM: list[int], KS: int, PS: int, fix: dict[int, int]) -> None:
-    """These entries' draft counters from the offsets `Replica._plan_spec_steps` keeps them as,
+    """These entries' draft counters from the offsets `sim.fusion.plan_spec_steps` keeps them as,
     in place (each entry once: after this they are counters again)."""
     for e in entries:
         d = C[e] - PS

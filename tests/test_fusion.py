@@ -148,7 +148,7 @@ _MATRIX = {
     "closed-trtllm": dict(deployment={"engine": "trtllm", "max_num_batched_tokens": 1024},
                           workload={"arrival": "closed", "concurrency": 10, "num_requests": 300, "rate_rps": None,
                                     "duration_s": 60.0, "warmup_s": 20.0}),
-    # more clients than slots (the next requests wait with every slot full: `_plan_run`'s runs, whose
+    # more clients than slots (the next requests wait with every slot full: `sim.fusion.plan_run`'s runs, whose
     # last step logs the requests a completion submitted at once), on two replicas too
     "closed-trtllm-full-slots": dict(deployment={"engine": "trtllm", "max_num_seqs": 4},
                                      workload={"arrival": "closed", "concurrency": 10, "num_requests": 60,
@@ -221,7 +221,7 @@ def test_fused_equals_unfused_on_a_trace_like_table(make_scenario) -> None:
 def run_counter(monkeypatch):
     """Per fused plain-decode run: its pieces, the completions inside it (before its end), the
     requests it admitted that were waiting when it started and those that arrived during it
-    (`Replica._fused_run`: a run through completions; `_plan_absorbing`: one that also admits)."""
+    (`sim.fusion.fused_run`: a run through completions; `sim.fusion.plan_absorbing`: one that also admits)."""
     from sim import fusion
 
     seen: list[dict[str, int]] = []
@@ -351,8 +351,8 @@ def _same_kv(unfused: pd.DataFrame, fused: pd.DataFrame) -> None:
 
 @pytest.fixture
 def spec_run_counter(monkeypatch):
-    """Counts the steps advanced by fused speculative runs (`Replica._spec_run` and
-    `Replica._spec_steps_run`; "absorbing": the latter's runs that admitted arrivals)."""
+    """Counts the steps advanced by fused speculative runs (`sim.fusion.spec_run` and
+    `sim.fusion.spec_steps_run`; "absorbing": the latter's runs that admitted arrivals)."""
     from sim import fusion
 
     seen = {"runs": 0, "steps": 0, "absorbing": 0}
@@ -541,8 +541,8 @@ def test_step_sums_many_is_bit_identical() -> None:
 @pytest.mark.parametrize("spec", [_DRAFT, {"method": "eagle", "num_speculative_tokens": 5},
                                   {**_DRAFT, "draft_model": "qwen2.5-0.5b"}])
 def test_speculative_step_costs_of_a_run_are_the_ordinary_steps_bit_for_bit(make_scenario, spec) -> None:
-    """A fused speculative run prices its steps with `_spec_cost_many` (numpy over many steps, scalars
-    over a few) and its first with `_spec_step`: each is the ordinary step's `_spec_cost`, to the last bit."""
+    """A fused speculative run prices its steps with `StepPricer.spec_cost_many` (numpy over many steps, scalars
+    over a few) and its first with `StepPricer.spec_step`: each is the ordinary step's `StepPricer.spec_cost`, to the last bit."""
     import simpy
 
     from sim.engine import Replica
@@ -591,11 +591,11 @@ def _segment_columns(seg: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("name", ["draft-fixed", "ngram-spread", "draft-disable-above-batch", "2-replicas-rr", "closed"])
 def test_array_planned_speculative_runs_are_the_unfused_engine(make_scenario, monkeypatch, spec_run_counter,
                                                               name: str) -> None:
-    """Large batches of a plain chain are planned by numpy's arrays (`_spec_run`,
-    `_plan_spec_segment`) instead of step by step: forced on every batch, still the unfused engine."""
-    from sim import engine
+    """Large batches of a plain chain are planned by numpy's arrays (`sim.fusion.spec_run`,
+    `sim.fusion.plan_spec_segment`) instead of step by step: forced on every batch, still the unfused engine."""
+    from sim import fusion
 
-    monkeypatch.setattr(engine, "SPEC_STEP_SEQS", 0)  # (the engine chooses between the two planners)
+    monkeypatch.setattr(fusion, "SPEC_STEP_SEQS", 0)  # (`fused_steps` chooses between the two planners)
     on, off = _both(make_scenario(**_SPEC_MATRIX[name]))
     assert spec_run_counter["steps"] >= 2 * spec_run_counter["runs"] > 0
     _same_requests(off.requests, on.requests)
