@@ -16,7 +16,6 @@ Each returns the steps it advanced (0: none; the ordinary step is taken, and not
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import itertools
 import math
@@ -43,7 +42,17 @@ from sim.plans import (
 from sim.policies import adaptive_choice, choose_k, policy_k
 from sim.pricing import VerifyPlan
 from sim.state import ReplicaState
-from sim.step import chunk_tokens, decode_one, decode_spec, draft_counters, prefill_sums
+from sim.step import (
+    blocks_over,
+    chunk_tokens,
+    decode_clock_steps,
+    decode_one,
+    decode_spec,
+    draft_counters,
+    kv_steps,
+    new_blocks_first,
+    prefill_sums,
+)
 
 
 # ------------------------------------------------------------- step fusion
@@ -336,31 +345,19 @@ def plan_absorbing(rep: ReplicaState) -> tuple[Any, ...] | None:
             mm = min(m_fin, FUSE_MAX_STEPS, int((limit - t) / d0) + 2)
             if mm < min_steps:
                 break
-            # first[r]: new blocks in the next r steps (sequence e takes one at relative step r
-            # when (base_e + S + r) % B == 0)
-            s0 = (-S) % B
-            cnt = hist[s0::-1] + hist[:s0:-1]  # cnt[r] = hist[(-S - r) % B]
-            first = list(itertools.accumulate(cnt, initial=0))
-            if n * (mm // B + 1) > free and (mm // B) * n + first[mm % B] > free:
-                s_ = (free // n) * B
-                while s_ < mm and ((s_ + 1) // B) * n + first[(s_ + 1) % B] <= free:
-                    s_ += 1
-                mm = s_
-                if mm < min_steps:
-                    break
-            last = mm - 1
-            slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
-            # the last step starts before the bound, the segment ends before the end bound, on the
-            # unfused engine's clock (`CostModel.decode_clock`)
-            st = cost.decode_clock(n, ctx0, t, mm)
-            k = min(bisect.bisect_left(st, bound, 0, mm), bisect.bisect_left(st, end_bound, 1, mm + 1) - 1)
+            first = new_blocks_first(hist, S)
+            mm = kv_steps(n, mm, free, first)
+            if mm < min_steps:
+                break
+            # the last step starts before the bound, the segment ends before the end bound
+            k, slope, st = decode_clock_steps(cost, n, ctx0, d0, t, mm, bound, end_bound)
             if k < min_steps:
                 break
             end = float(st[k])
             split = end >= bound
-            new_blocks = (k // B) * n + first[k % B]
+            new_blocks = blocks_over(n, k, first)
             used0 = num_blocks - free
-            but_last = ((k - 1) // B) * n + first[(k - 1) % B]
+            but_last = blocks_over(n, k - 1, first)
             free -= new_blocks
             S += k
             steps += k
@@ -548,24 +545,15 @@ def plan_segment(rep: ReplicaState, t: float, n: int, c: np.ndarray, m: int, fre
     m = min(m, FUSE_MAX_STEPS, int((limit - t) / d0) + 2)  # durations never fall as the context grows
     if m < min_steps:
         return None
-    # KV: sequence i needs a new block at step j when (c_i + j) % B == 0, at most m // B + 1
-    # times in m steps; when that may not fit, the new blocks over steps 0..s-1 are
-    # (s // B) x n + first[s % B], first[r] = new blocks in the first r steps of a cycle
+    # KV: sequence i needs a new block at step j when (c_i + j) % B == 0 (`kv_steps`; the
+    # histogram only when even m // B + 1 blocks each may not fit)
     if n * (m // BLOCK_SIZE + 1) > free:
         first = [0, *np.cumsum(np.bincount((-c) % BLOCK_SIZE, minlength=BLOCK_SIZE)).tolist()]
-        if (m // BLOCK_SIZE) * n + first[m % BLOCK_SIZE] > free:
-            s = (free // n) * BLOCK_SIZE  # whole cycles that fit, then step by step
-            while s < m and ((s + 1) // BLOCK_SIZE) * n + first[(s + 1) % BLOCK_SIZE] <= free:
-                s += 1
-            m = s
-            if m < min_steps:
-                return None
-    last = m - 1
-    slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
-    # steps starting before the bound (the last may end after it), the segment ending before the
-    # horizon, on the unfused engine's clock
-    st = cost.decode_clock(n, ctx0, t, m)
-    k = min(bisect.bisect_left(st, bound, 0, m), bisect.bisect_left(st, end_bound, 1, m + 1) - 1)
+        m = kv_steps(n, m, free, first)
+        if m < min_steps:
+            return None
+    # steps starting before the bound (the last may end after it), the segment ending before the horizon
+    k, slope, st = decode_clock_steps(cost, n, ctx0, d0, t, m, bound, end_bound)
     if k < min_steps:
         return None
     after = c + k

@@ -55,7 +55,18 @@ from sim.plans import ADMIT_OP, FUSE_MAX_STEPS, NEAR, PREEMPT_OP, SendFeed
 from sim.policies import ADAPTIVE, adaptive_choice, adaptive_pick, policy_k
 from sim.pricing import VerifyPlan
 from sim.state import LIVE, FuseBound, ReplicaState
-from sim.step import chunk_blocks, chunk_tokens, decode_one, decode_spec, prefill_sums, whole_fits
+from sim.step import (
+    blocks_over,
+    chunk_blocks,
+    chunk_tokens,
+    decode_clock_steps,
+    decode_one,
+    decode_spec,
+    kv_steps,
+    new_blocks_first,
+    prefill_sums,
+    whole_fits,
+)
 
 B: Final = BLOCK_SIZE  # (Final: the compiled build reads constants as C values, not module attributes)
 LOOP_STEPS = 1024  # most steps one piece of a closed loop's plan holds (`loop_piece`)
@@ -945,31 +956,20 @@ class PlainCursor(Cursor):
         el = a if a < end_bound else end_bound  # steps end before it
         mm = min(m, FUSE_MAX_STEPS, int((el - t) / d0) + 1)
         free = self.free
-        # first[r]: new blocks in the next r steps (entry e takes one at relative step r when
-        # (base_e + S + r) % B == 0)
-        hist = self.hist
-        s0 = (-S) % B
-        cnt = hist[s0::-1] + hist[:s0:-1]  # cnt[r] = hist[(-S - r) % B]
-        first = list(itertools.accumulate(cnt, initial=0))
-        if n * (mm // B + 1) > free and (mm // B) * n + first[mm % B] > free:
-            s_ = (free // n) * B
-            while s_ < mm and ((s_ + 1) // B) * n + first[(s_ + 1) % B] <= free:
-                s_ += 1
-            mm = s_
+        first = new_blocks_first(self.hist, S)
+        fit = kv_steps(n, mm, free, first)
+        if fit != mm:
+            mm = fit
             if mm < 1:
                 return PREEMPT  # it would preempt
-        last = mm - 1
-        slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
-        # on the unfused engine's clock (`CostModel.decode_clock`, as `sim.fusion.plan_segment`)
-        st = cost.decode_clock(n, ctx0, t, mm)
-        k = min(bisect.bisect_left(st, sb, 0, mm), bisect.bisect_left(st, el, 1, mm + 1) - 1)
+        k, slope, st = decode_clock_steps(cost, n, ctx0, d0, t, mm, sb, el)
         if k < 1:  # its first step ends at or after a (it waits for the arrival's routing), or past the end bound
             self.wait_end = t + d0
             return HARD if t + d0 >= end_bound else WAIT
         end = float(st[k])
         used0 = self.num_blocks - free
-        but_last = ((k - 1) // B) * n + first[(k - 1) % B]
-        new_blocks = (k // B) * n + first[k % B]
+        but_last = blocks_over(n, k - 1, first)
+        new_blocks = blocks_over(n, k, first)
         self.free = free - new_blocks
         self.held += new_blocks
         self.S = S + k

@@ -21,10 +21,13 @@ Each step, in this order (vLLM v1-like):
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 
 import numpy as np
 
+from models.cost import CostModel
 from models.memory import BLOCK_SIZE
 from sim.policies import choose_k
 from sim.pricing import VerifyPlan, needs_general
@@ -117,6 +120,46 @@ def whole_fits(tokens: int, blocks: int, budget: int, alone: bool, free: int) ->
     """Without chunked prefill a prompt is admitted whole or waits: it fits the budget (or goes
     alone in the step) and its KV blocks are free."""
     return (tokens <= budget or alone) and blocks <= free
+
+
+def new_blocks_first(hist: list[int], S: int) -> list[int]:
+    """first[r], r = 0..B: the new KV blocks plain-decoding sequences take over their next r steps,
+    from `hist`, their count by (context - S) mod B (a sequence takes a block at the step its
+    context passes a multiple of B)."""
+    s0 = (-S) % BLOCK_SIZE
+    cnt = hist[s0::-1] + hist[:s0:-1]  # cnt[r] = hist[(-S - r) % B]
+    return list(itertools.accumulate(cnt, initial=0))
+
+
+def blocks_over(n: int, steps: int, first: list[int]) -> int:
+    """New KV blocks n plain-decoding sequences take over `steps` steps (`first`: over the first r
+    steps of a cycle of B, `new_blocks_first`)."""
+    return (steps // BLOCK_SIZE) * n + first[steps % BLOCK_SIZE]
+
+
+def kv_steps(n: int, m: int, free: int, first: list[int]) -> int:
+    """The most plain decode steps of n sequences, up to m, whose new KV blocks are free (a step
+    that would need more preempts: the ordinary step's to take): all m when even m // B + 1 blocks
+    each fit, else the whole cycles of B steps that fit, then step by step."""
+    if n * (m // BLOCK_SIZE + 1) <= free or blocks_over(n, m, first) <= free:
+        return m
+    s = (free // n) * BLOCK_SIZE
+    while s < m and blocks_over(n, s + 1, first) <= free:
+        s += 1
+    return s
+
+
+def decode_clock_steps(cost: CostModel, n: int, ctx0: float, d0: float, t: float, m: int, starts_before: float,
+                       ends_before: float) -> tuple[int, float, list[float] | np.ndarray]:
+    """Of m plain decode steps of n sequences from t, the first at context sum ctx0 lasting d0
+    (step j lasts d0 + j x slope: the step cost is affine in the context), how many start before
+    `starts_before` (the last may end after it) and all end before `ends_before`, on the unfused
+    engine's clock (`CostModel.decode_clock`): (steps, slope, the clock's m + 1 times)."""
+    last = m - 1
+    slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
+    st = cost.decode_clock(n, ctx0, t, m)
+    k = min(bisect.bisect_left(st, starts_before, 0, m), bisect.bisect_left(st, ends_before, 1, m + 1) - 1)
+    return k, slope, st
 
 
 def prefill_sums(chunks: list[int], ctxs: list[int]) -> tuple[float, float, float]:
