@@ -52,6 +52,7 @@ from sim.step import (
     kv_steps,
     new_blocks_first,
     prefill_sums,
+    reserve_need,
 )
 
 
@@ -973,13 +974,8 @@ def plan_spec_steps(rep: ReplicaState, absorb: bool) -> tuple[Any, ...] | None:
         # step are ceil(context / B), whatever was reserved)
         if free >= n * (qv // B + 1) + (sum([-(-int(reqs.prompt[rid]) // B) for rid in pending]) if pending else 0):
             need = 0
-        elif q == 1:
-            need = sum([(C[e] + B) // B for e in active]) - held
-        elif qv != q:
-            need = sum([(C[e] + (qv if qv < max_len - C[e] else max_len - C[e]) + (B - 1)) // B
-                        for e in active]) - held
         else:
-            need = sum([(C[e] + (q if q < R[e] else R[e]) + (B - 1)) // B for e in active]) - held
+            need = reserve_need(C, R, active, q, qv, max_len)
         if need > free:
             break  # it would preempt: the ordinary loop
         n_pre = 0

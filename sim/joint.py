@@ -65,6 +65,7 @@ from sim.step import (
     kv_steps,
     new_blocks_first,
     prefill_sums,
+    reserve_need,
     whole_fits,
 )
 
@@ -406,17 +407,11 @@ class Cursor:
         (`drop`: decoding entries left out of `dec`, for `PlainCursor`, which counts all of them.)"""
         C = self.C
         if not k:
-            return 1, sum([1 for e in dec if not C[e] % B])
+            return 1, sum([1 for e in dec if not C[e] % B])  # (`reserve_need` with q = 1, summed faster)
         spec = self.spec
         assert spec is not None
-        q = k + 1
         qv = spec.verify_tokens(k)
-        if qv != q:
-            ml = self.rt.max_model_len
-            return qv, sum([(C[e] + (qv if qv < ml - C[e] else ml - C[e]) + (B - 1)) // B - (C[e] + (B - 1)) // B
-                            for e in dec])
-        R = self.R
-        return q, sum([(C[e] + (q if q < R[e] else R[e]) + (B - 1)) // B - (C[e] + (B - 1)) // B for e in dec])
+        return qv, reserve_need(C, self.R, dec, k + 1, qv, self.rt.max_model_len)
 
     def _prefill_plan(self, n_dec: int, qv: int, free: int, partials: list[int] | None = None, admit: bool = True
                       ) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]], int]:
