@@ -17,9 +17,10 @@ ends at or after the next arrival not yet routed: whatever stops the plan there 
 reached at that arrival, the end of the run) finds every planned step completed, as the unfused
 engine would.
 
-A replica's steps follow the rules of the ordinary step (`sim.engine.Replica.run`): plain decode
-segments in closed form (`sim.fusion.plan_segment`'s expressions), speculative steps one by one (the
-prices and outcomes of `sim.fusion.plan_spec_steps`), and the mixed step that continues the partial
+A replica's steps follow the step rules (`sim.step`, called here, not restated): plain decode
+segments in closed form (`sim.step.kv_steps`, `decode_clock_steps`), speculative steps one by one
+(`sim.policies` for k, `sim.step.reserve_need`, `StepPricer.spec_step`, `sim.step.decode_spec`), and
+the mixed step that continues the partial
 prefills and admits the waiting requests (FCFS, chunked in the token budget left, or whole
 without chunked prefill; a preempted request recomputes its prompt and output so far). What a
 cursor cannot plan (a decode step that would preempt, a step with nothing that fits, a step
@@ -415,7 +416,8 @@ class Cursor:
 
     def _prefill_plan(self, n_dec: int, qv: int, free: int, partials: list[int] | None = None, admit: bool = True
                       ) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]], int]:
-        """The step's prefill chunks by `sim.step.plan_prefill`'s and `sim.step.fit_chunk`'s rules: the token budget
+        """The step's prefill chunks by the rules `sim.step.plan_prefill` follows (`chunk_tokens`,
+        `chunk_blocks`, `whole_fits`): the token budget
         left after the decodes goes to the partial prefills in slot order, then to the waiting
         requests arrived by t, FCFS, while a slot and a free block remain (a prompt chunked in the
         budget and the blocks left, or whole without chunked prefill). Returns the partials'
@@ -928,7 +930,7 @@ class PlainCursor(Cursor):
         self.gone.append((t, count))
 
     def _segment(self, a: float, end_bound: float, fb: FuseBound) -> int:
-        """Plain decode steps from t in closed form (`sim.fusion.plan_segment`'s expressions): the
+        """Plain decode steps from t in closed form (`sim.step.kv_steps`, `decode_clock_steps`): the
         steps that start before the next metric cut and before the first waiting request arrives
         (the step after it admits it), end before a and before `end_bound`, up to the first
         completion and while the KV blocks they grow into are free. A step during which a waiting
