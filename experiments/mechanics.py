@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from models.speculative import expected_tokens
 from sim.deployment import ReplicaRuntime, SpecRuntime, build_runtime
+from sim.pricing import StepPricer, needs_general
 from sim.scenario import Scenario
 from sim.simulate import baseline_of
 
@@ -29,9 +30,7 @@ def step_breakdown(sc: Scenario, batch_sizes: list[int] | np.ndarray, context: i
     """Per batch size: plain decode step time, and a speculating step's draft / verify / overhead
     time, with the tokens per second each yields at this acceptance (k from the scenario)."""
     rt, base_rt, spec = _runtimes(sc, "step_breakdown")
-    from sim.engine import Replica
-
-    if Replica._general(spec):
+    if needs_general(spec):
         # trees, windowed self-drafts, suffix matches: the engine's own step code (fixed_batch_speedup)
         fb = fixed_batch_speedup(sc, batch_sizes, context, acceptance)
         return pd.DataFrame({"batch": fb.batch, "plain_decode_s": fb.plain_decode_s, "verify_s": fb.verify_s,
@@ -79,35 +78,22 @@ def fixed_batch_speedup(sc: Scenario, batch_sizes: list[int] | np.ndarray, conte
     """MagicDec's measurement (a static batch of `b` sequences, all decoding at `context` tokens):
     per batch size, the plain decode step, the speculating step of the scenario's method and the
     decode speedup E[tokens] x plain / speculating step. Priced by the engine's own step code
-    (`Replica._spec_cost` with the method's verification plan), so it is exactly what a
+    (`StepPricer.spec_cost` with the method's verification plan), so it is exactly what a
     simulated step of that batch costs."""
-    import simpy
-
-    from models.speculative import expected_tokens
-    from sim.engine import Replica, Requests, StepLog
-
     rt, base_rt, spec = _runtimes(sc, "fixed_batch_speedup")
     k = spec.k
     tokens_per_seq = (spec.shape.expected_tokens(acceptance, k) if spec.shape is not None
                       else float(expected_tokens(acceptance, k, spec.decay)))
     rows = []
+    price = StepPricer(rt, 0)
     for b in (int(x) for x in batch_sizes):
-        import dataclasses
-
-        rt_b = dataclasses.replace(rt, max_num_seqs=max(b, rt.max_num_seqs))
-        reqs = Requests(np.zeros(b), np.full(b, context), np.full(b, 10**9), np.full(b, acceptance))
-        rep = Replica(simpy.Environment(), 0, rt_b, reqs, np.random.default_rng(0), StepLog(16))
-        rep.n_running = b
-        rep.rid[:b] = np.arange(b)
-        rep.computed[:b] = rep.target[:b] = context
         ctx = float(b * context)
         match = 1.0
         if spec.on_match:
             match = float(sc.workload.classes[0].suffix_match or 0.0)
-            reqs.match[:] = match
-        plan = (rep._verify_plan(slice(0, b), k, np.full(b, match) if spec.on_match else None)
-                if rep._general(spec) else None)
-        total_s, target_s, draft_s, over_s, _, _ = rep._spec_cost(b, ctx, k, 0, 0.0, 0.0, 0.0, plan)
+        plan = (price.verify_plan(np.full(b, context, dtype=np.int64), k, np.full(b, match) if spec.on_match else None)
+                if needs_general(spec) else None)
+        total_s, target_s, draft_s, over_s, _, _ = price.spec_cost(b, ctx, k, 0, 0.0, 0.0, 0.0, plan)
         plain = base_rt.cost.decode_s(b, ctx)
         emitted = 1.0 + match * (tokens_per_seq - 1.0)
         rows.append({"batch": b, "context": context, "plain_decode_s": plain, "verify_s": target_s, "draft_s": draft_s,

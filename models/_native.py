@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPILED = ("models.cost", "sim.engine", "sim.joint", "sim.fleet", "sim.run", "sim.prefix_cache")  # (a compiled class's subclasses are compiled too)
+COMPILED = ("models.cost", "sim.tables", "sim.pricing", "sim.state", "sim.policies", "sim.step", "sim.plans", "sim.joint",
+            "sim.fusion", "sim.engine", "sim.fleet", "sim.run", "sim.prefix_cache")  # (a compiled class's subclasses are compiled too)
 SHARED = "models._specrack__mypyc"  # mypyc's library of all of them (setup.py's group name)
 BUILD_RECORD = ROOT / "models" / "_native_build.json"
 PURE_ENV = "SPECRACK_PURE"

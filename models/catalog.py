@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.errors import unknown
+from models.errors import ConfigError, unknown
 
 GIB = 2**30
 
@@ -317,8 +317,6 @@ def peak_flops(gpu: GPU, weights: WeightFormat) -> float:
     """Dense tensor-core peak that the matmuls of this weight format run at on this GPU."""
     if weights.compute == "fp8":
         if gpu.fp8_flops is None:
-            from models.errors import ConfigError
-
             raise ConfigError(f"weights 'fp8' need FP8 tensor cores, which {gpu.name} lacks; use weights = 'int8' or 'int4'")
         return gpu.fp8_flops
     if weights.compute == "int8":

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from models.catalog import LLM
+from models.catalog import LLM, MODELS
 from models.errors import ConfigError
 
 # model_type -> family of the block structure it uses
@@ -284,8 +284,6 @@ def find_user_model(name: str, folders: tuple[Path, ...] | list[Path]) -> Path |
 def add_user_model(config_path: str | Path, name: str | None = None, catalog: str | Path = USER_CATALOG) -> tuple[LLM, Path]:
     """Register a config.json in a user catalogue (created if missing): checks it parses first.
     Returns the model and the catalogue's path."""
-    from models.catalog import MODELS
-
     cfg = Path(config_path).resolve()
     model = load_config(cfg, name)
     if model.name in MODELS:

@@ -24,10 +24,10 @@ import numpy as np
 import simpy
 from simpy.events import URGENT, EventPriority
 
-from sim.engine import FuseBound, Replica, backlog_stop
+from sim.engine import Replica
 from sim.scenario import Autoscale, Scenario
+from sim.state import DRAINING, LIVE, OFF, WARMING, FuseBound, backlog_stop
 
-OFF, WARMING, LIVE, DRAINING = "off", "warming", "live", "draining"
 BILLED = (WARMING, LIVE, DRAINING)
 STATE_CODE = {OFF: 0, WARMING: 1, LIVE: 2, DRAINING: 3}
 LOAD_BANDWIDTH_B_S = 5e9  # weights read from local NVMe at 5 GB/s (a healthy PCIe 4 drive)
@@ -211,7 +211,7 @@ class FollowLoad:
             if on != self.on:
                 self.on = on
                 for r in self.fleet.replicas:
-                    r.speculating = on
+                    r.price.speculating = on
             self.switches.append((now, load, on))
 
 

@@ -17,9 +17,10 @@ ends at or after the next arrival not yet routed: whatever stops the plan there 
 reached at that arrival, the end of the run) finds every planned step completed, as the unfused
 engine would.
 
-A replica's steps follow the rules of the ordinary step (`sim.engine.Replica.run`): plain decode
-segments in closed form (`Replica._plan_segment`'s expressions), speculative steps one by one (the
-prices and outcomes of `Replica._plan_spec_steps`), and the mixed step that continues the partial
+A replica's steps follow the step rules (`sim.step`, called here, not restated): plain decode
+segments in closed form (`sim.step.kv_steps`, `decode_clock_steps`), speculative steps one by one
+(`sim.policies` for k, `sim.step.reserve_need`, `StepPricer.spec_step`, `sim.step.decode_spec`), and
+the mixed step that continues the partial
 prefills and admits the waiting requests (FCFS, chunked in the token budget left, or whole
 without chunked prefill; a preempted request recomputes its prompt and output so far). What a
 cursor cannot plan (a decode step that would preempt, a step with nothing that fits, a step
@@ -34,7 +35,7 @@ they could reach is planned; the replica's own runs plan what they can and the c
 (partial prefills, chunked admissions), so the capacity ladders leave the ordinary step.
 
 Each replica executes its planned steps as pieces (`Piece`, one SimPy timeout each, ending exactly
-at the planned time) and applies them when the timeout fires, as `Replica._absorbing_run` applies
+at the planned time) and applies them when the timeout fires, as `sim.fusion.absorbing_run` applies
 a run; the arrival process keeps routing requests itself (by `Replica.outstanding`, which a piece
 keeps exact), and a piece's admissions are checked against the waiting queue it routed them to.
 """
@@ -46,15 +47,28 @@ import heapq
 import itertools
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from models.memory import BLOCK_SIZE
-from sim.engine import ADMIT_OP, FUSE_MAX_STEPS, NEAR, PREEMPT_OP, SendFeed, decode_one, decode_spec
-from sim.fleet import LIVE
-
-if TYPE_CHECKING:
-    from sim.engine import FuseBound, Replica
+from sim.plans import ADMIT_OP, FUSE_MAX_STEPS, NEAR, PREEMPT_OP, SendFeed
+from sim.policies import ADAPTIVE, adaptive_choice, adaptive_pick, policy_k
+from sim.pricing import VerifyPlan
+from sim.state import LIVE, FuseBound, ReplicaState
+from sim.step import (
+    blocks_over,
+    chunk_blocks,
+    chunk_tokens,
+    decode_clock_steps,
+    decode_one,
+    decode_spec,
+    kv_steps,
+    new_blocks_first,
+    prefill_sums,
+    reserve_need,
+    whole_fits,
+)
 
 B: Final = BLOCK_SIZE  # (Final: the compiled build reads constants as C values, not module attributes)
 LOOP_STEPS = 1024  # most steps one piece of a closed loop's plan holds (`loop_piece`)
@@ -112,7 +126,7 @@ class Cursor:
     decoding sequences' outcomes, the prefills' progress (a finished one samples its token), and
     the completions. Every entry holds ceil(context / B) KV blocks between steps (`held`)."""
 
-    def __init__(self, rep: Replica, t: float) -> None:
+    def __init__(self, rep: ReplicaState, t: float) -> None:
         self.rep, self.rt, self.reqs = rep, rep.rt, rep.reqs
         rt, reqs = self.rt, self.reqs
         self.spec = rt.spec
@@ -171,7 +185,7 @@ class Cursor:
         self._open()
 
     @staticmethod
-    def joinable(rep: Replica) -> bool:
+    def joinable(rep: ReplicaState) -> bool:
         """Whether a replica's state can be planned from: every entry holds the KV blocks its
         context needs (no more: a step's reservation is released between steps)."""
         n = rep.n_running
@@ -373,19 +387,13 @@ class Cursor:
         return self.wait_t == self.t and a <= self.wait_end
 
     def _k(self, n_run: int, dec: list[int]) -> int:
-        """The step's k, as `Replica._choose_k` chooses it."""
+        """The step's k, as `sim.policies.choose_k` chooses it (in scalars)."""
         spec = self.spec
         assert spec is not None
-        policy = spec.policy
-        if policy == "fixed":
-            return spec.k
-        if policy == "follow_load":
-            return spec.k if self.rep.speculating else 0
-        if policy == "disable_above_batch":
-            return 0 if n_run > spec.disable_batch_size else spec.k
-        if not dec:
-            return 0
-        return self.rep._adaptive_pick(*self._acc_prop(dec), float(self.ctx))
+        k = policy_k(spec, n_run, self.rep.price.speculating)
+        if k != ADAPTIVE or not dec:
+            return k if k != ADAPTIVE else 0
+        return adaptive_pick(self.rep.price, *self._acc_prop(dec), float(self.ctx))
 
     def _acc_prop(self, dec: list[int]) -> tuple[list[int], list[int]]:
         """The decoding entries' drafts accepted and proposed so far (the adaptive policy's
@@ -400,21 +408,16 @@ class Cursor:
         (`drop`: decoding entries left out of `dec`, for `PlainCursor`, which counts all of them.)"""
         C = self.C
         if not k:
-            return 1, sum([1 for e in dec if not C[e] % B])
+            return 1, sum([1 for e in dec if not C[e] % B])  # (`reserve_need` with q = 1, summed faster)
         spec = self.spec
         assert spec is not None
-        q = k + 1
         qv = spec.verify_tokens(k)
-        if qv != q:
-            ml = self.rt.max_model_len
-            return qv, sum([(C[e] + (qv if qv < ml - C[e] else ml - C[e]) + (B - 1)) // B - (C[e] + (B - 1)) // B
-                            for e in dec])
-        R = self.R
-        return q, sum([(C[e] + (q if q < R[e] else R[e]) + (B - 1)) // B - (C[e] + (B - 1)) // B for e in dec])
+        return qv, reserve_need(C, self.R, dec, k + 1, qv, self.rt.max_model_len)
 
     def _prefill_plan(self, n_dec: int, qv: int, free: int, partials: list[int] | None = None, admit: bool = True
                       ) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]], int]:
-        """The step's prefill chunks by `_plan_prefill`'s and `_fit_chunk`'s rules: the token budget
+        """The step's prefill chunks by the rules `sim.step.plan_prefill` follows (`chunk_tokens`,
+        `chunk_blocks`, `whole_fits`): the token budget
         left after the decodes goes to the partial prefills in slot order, then to the waiting
         requests arrived by t, FCFS, while a slot and a free block remain (a prompt chunked in the
         budget and the blocks left, or whole without chunked prefill). Returns the partials'
@@ -430,15 +433,9 @@ class Cursor:
         for e in (self.partials if partials is None else partials):
             if budget <= 0:
                 break
-            rem = TGT[e] - C[e]
-            c = rem if (not chunked and (budget == full or rem <= budget)) else (rem if rem < budget else budget)
             have = ((C[e] + (B - 1)) // B) * B - C[e]  # room in its blocks
-            if c > have:
-                extra = -(-(c - have) // B)
-                if extra > free:
-                    extra = free
-                    c = min(c, have + extra * B)
-                free -= extra
+            c, extra = chunk_blocks(chunk_tokens(TGT[e] - C[e], budget, budget == full, chunked), have, free)
+            free -= extra
             if c <= 0:
                 break
             parts.append((e, c))
@@ -453,13 +450,9 @@ class Cursor:
             # a preempted request recomputes its output too
             tokens = int(reqs.prompt[rid]) + (victims[rid][0] if rid in victims else int(reqs.generated[rid]))
             alone = budget == full
-            if not chunked and not ((tokens <= budget or alone) and -(-tokens // B) <= free):
+            if not chunked and not whole_fits(tokens, -(-tokens // B), budget, alone, free):
                 break  # it waits whole
-            c = tokens if (not chunked and (alone or tokens <= budget)) else (tokens if tokens < budget else budget)
-            extra = -(-c // B)
-            if extra > free:
-                extra = free
-                c = min(c, extra * B)
+            c, extra = chunk_blocks(chunk_tokens(tokens, budget, alone, chunked), 0, free)
             free -= extra
             adm.append((rid, c, tokens))
             budget -= c
@@ -517,34 +510,18 @@ class Cursor:
             n_pre = len(parts) + len(adm)
             if not n_dec and not n_pre:
                 return HARD  # nothing fits: the ordinary step preempts
-            if n_pre == 1:
-                e_or_r, c = (parts[0] if parts else adm[0][:2])
-                pre_tokens = float(c)
-                pre_ctx = float(self.C[e_or_r]) if parts else 0.0
-                pre_pairs = pre_tokens * pre_ctx + 0.5 * (pre_tokens * (pre_tokens + 1.0))
-            elif n_pre:
-                cs = [c for _, c in parts] + [c for _, c, _ in adm]
-                ctxs = [self.C[e] for e, _ in parts]
-                pre_tokens = float(sum(cs))
-                pre_ctx = float(sum(ctxs))
-                pre_pairs = float(sum([c * x for c, x in zip(cs, ctxs, strict=False)])) + 0.5 * float(
-                    sum([c * (c + 1) for c in cs]))
-            else:
-                pre_tokens = pre_ctx = pre_pairs = 0.0
+            pre_tokens, pre_ctx, pre_pairs = prefill_sums([c for _, c in parts] + [c for _, c, _ in adm],
+                                                          [self.C[e] for e, _ in parts] + [0] * len(adm))
             ctx = float(self.ctx - vctx) if n_dec else 0.0
             if spec is None:
-                cm = self.rt.cost
-                total, flops, nbytes = cm.pass_sums(n_dec + n_pre, n_dec + pre_tokens, ctx + pre_ctx,
-                                                    ctx + n_dec * 2 / 2.0 + pre_pairs)
-                cost = (total, total, 0.0, 0.0, flops * cm.tp, nbytes * cm.tp, pre_tokens)
+                total, flops, nbytes = rep.price.plain_step(n_dec, ctx, n_pre, pre_tokens, pre_ctx, pre_pairs)
+                cost = (total, total, 0.0, 0.0, flops, nbytes, pre_tokens)
             else:
                 plan = None
                 if spec.shape is not None and k and n_dec:
-                    from sim.engine import VerifyPlan
-
                     tri = qv * qv if not spec.shape.chain else qv * (qv + 1) / 2.0
                     plan = VerifyPlan(float(n_dec) * qv, ctx * qv + float(n_dec) * tri, float(n_dec), ctx)
-                c6 = rep._spec_cost(n_dec, ctx, k, n_pre, pre_tokens, pre_ctx, pre_pairs, plan)
+                c6 = rep.price.spec_cost(n_dec, ctx, k, n_pre, pre_tokens, pre_ctx, pre_pairs, plan)
                 cost = (*c6, pre_tokens)
             self._peek = (self.t, (k, qv, dec, need, parts, adm, cost, victims))
         total, target, draft, over, flops, nbytes, pre_tokens = cost
@@ -643,7 +620,7 @@ class Cursor:
                 return v, vpart, vfree, vctx, left, qv, need
 
     def _preempt(self) -> None:
-        """The ordinary step's preemption by recompute (`Replica._preempt_youngest`): the youngest
+        """The ordinary step's preemption by recompute (`ReplicaState.preempt_youngest`): the youngest
         entry leaves its slot and its KV blocks and goes back to the head of the queue, keeping
         its output so far and its draft counters for its readmission (`victims`, `_add`)."""
         e = self.active[-1]
@@ -776,7 +753,8 @@ class Cursor:
         reservation matters only for whether it fits; with room for every sequence's whole
         reservation it is not summed.) The loop keeps what every step reads in locals: a small
         batch's step is mostly this fixed cost."""
-        spec_step, choose, decode = self.rep._spec_step, self.rep._adaptive_choice, self._decode
+        price = self.rep.price
+        spec_step, decode = price.spec_step, self._decode
         adaptive = self.spec is not None and self.spec.policy == "adaptive"
         rows = self.rows
         k_fixed, qvs = self._k_fixed, self._qv
@@ -797,7 +775,7 @@ class Cursor:
                 if k_fixed >= 0:
                     k, cost = k_fixed, None
                 elif adaptive:  # the choice prices every k: the chosen one's figures come with it
-                    k, cost = choose(*self._acc_prop(act), float(self.ctx))
+                    k, cost = adaptive_choice(price, *self._acc_prop(act), float(self.ctx))
                 else:
                     k, cost = self._k(n, act), None
                 qv = qvs[k]
@@ -837,9 +815,9 @@ class PlainCursor(Cursor):
     entry e has context C_e + S after the cursor's S-th step (`C` holds its base) and finishes at
     step FIN_e; the context sum, the KV blocks the next steps take (a histogram of base mod B) and
     the next completion (a heap of FIN) are kept without touching every entry
-    (`Replica._plan_absorbing`'s scalars). Entries still prefilling keep their context in `C`."""
+    (`sim.fusion.plan_absorbing`'s scalars). Entries still prefilling keep their context in `C`."""
 
-    def __init__(self, rep: Replica, t: float) -> None:
+    def __init__(self, rep: ReplicaState, t: float) -> None:
         super().__init__(rep, t)
         self._index()
 
@@ -952,7 +930,7 @@ class PlainCursor(Cursor):
         self.gone.append((t, count))
 
     def _segment(self, a: float, end_bound: float, fb: FuseBound) -> int:
-        """Plain decode steps from t in closed form (`Replica._plan_segment`'s expressions): the
+        """Plain decode steps from t in closed form (`sim.step.kv_steps`, `decode_clock_steps`): the
         steps that start before the next metric cut and before the first waiting request arrives
         (the step after it admits it), end before a and before `end_bound`, up to the first
         completion and while the KV blocks they grow into are free. A step during which a waiting
@@ -975,31 +953,20 @@ class PlainCursor(Cursor):
         el = a if a < end_bound else end_bound  # steps end before it
         mm = min(m, FUSE_MAX_STEPS, int((el - t) / d0) + 1)
         free = self.free
-        # first[r]: new blocks in the next r steps (entry e takes one at relative step r when
-        # (base_e + S + r) % B == 0)
-        hist = self.hist
-        s0 = (-S) % B
-        cnt = hist[s0::-1] + hist[:s0:-1]  # cnt[r] = hist[(-S - r) % B]
-        first = list(itertools.accumulate(cnt, initial=0))
-        if n * (mm // B + 1) > free and (mm // B) * n + first[mm % B] > free:
-            s_ = (free // n) * B
-            while s_ < mm and ((s_ + 1) // B) * n + first[(s_ + 1) % B] <= free:
-                s_ += 1
-            mm = s_
+        first = new_blocks_first(self.hist, S)
+        fit = kv_steps(n, mm, free, first)
+        if fit != mm:
+            mm = fit
             if mm < 1:
                 return PREEMPT  # it would preempt
-        last = mm - 1
-        slope = (cost.decode_s(n, ctx0 + last * n) - d0) / last if last else 0.0
-        # on the unfused engine's clock (`CostModel.decode_clock`, as `_plan_segment`)
-        st = cost.decode_clock(n, ctx0, t, mm)
-        k = min(bisect.bisect_left(st, sb, 0, mm), bisect.bisect_left(st, el, 1, mm + 1) - 1)
+        k, slope, st = decode_clock_steps(cost, n, ctx0, d0, t, mm, sb, el)
         if k < 1:  # its first step ends at or after a (it waits for the arrival's routing), or past the end bound
             self.wait_end = t + d0
             return HARD if t + d0 >= end_bound else WAIT
         end = float(st[k])
         used0 = self.num_blocks - free
-        but_last = ((k - 1) // B) * n + first[(k - 1) % B]
-        new_blocks = (k // B) * n + first[k % B]
+        but_last = blocks_over(n, k - 1, first)
+        new_blocks = blocks_over(n, k, first)
         self.free = free - new_blocks
         self.held += new_blocks
         self.S = S + k
@@ -1010,12 +977,12 @@ class PlainCursor(Cursor):
         # wait at once (a closed loop without frontend latency, `loop_piece`): that step's row apart
         if end >= arrive or (self.split_done and k == m):
             if k > 1:
-                self.rows.append(rep._run_row(t, k - 1, d0, slope, n, ctx0, used0 + but_last,
+                self.rows.append(rep.price.run_row(t, k - 1, d0, slope, n, ctx0, used0 + but_last,
                                                    self._waiting_at(float(st[k - 1]))))
-            self.rows.append(rep._run_row(float(st[k - 1]), 1, d0 + (k - 1) * slope, 0.0, n, ctx0 + (k - 1) * n,
+            self.rows.append(rep.price.run_row(float(st[k - 1]), 1, d0 + (k - 1) * slope, 0.0, n, ctx0 + (k - 1) * n,
                                                used, self._waiting_at(end)))
         else:
-            self.rows.append(rep._run_row(t, k, d0, slope, n, ctx0, used, self._waiting_at(end)))
+            self.rows.append(rep.price.run_row(t, k, d0, slope, n, ctx0, used, self._waiting_at(end)))
         self.p_steps += k
         self.t = end
         return DONE
@@ -1027,7 +994,7 @@ def _quiet_until(x: float) -> float:
     return x - 2.0 * QUIET_MARGIN * (x if x > 1.0 else 1.0)
 
 
-def cursor_for(rep: Replica, t: float) -> Cursor:
+def cursor_for(rep: ReplicaState, t: float) -> Cursor:
     """A replica's cursor from its state at t: speculative steps one by one, or plain decode in
     closed form (`PlainCursor`); it plans the steps that preempt."""
     return Cursor(rep, t) if rep.rt.spec is not None else PlainCursor(rep, t)
@@ -1052,7 +1019,7 @@ class RackPlanner:
     until its pieces are out); the ordinary steps it took that the plan has not routed past
     (`outs`); and its planned pieces."""
 
-    def __init__(self, replicas: list[Replica], fuse: FuseBound, horizon_s: float, limit: int) -> None:
+    def __init__(self, replicas: Sequence[ReplicaState], fuse: FuseBound, horizon_s: float, limit: int) -> None:
         self.replicas, self.fuse, self.horizon_s, self.limit = replicas, fuse, horizon_s, limit
         r = len(replicas)
         self.cursors: list[Cursor | None] = [None] * r
@@ -1081,7 +1048,7 @@ class RackPlanner:
         self.event_s = ev
 
     # ------------------------------------------------------------------ the replicas' side
-    def boundary(self, rep: Replica) -> Piece | None:
+    def boundary(self, rep: ReplicaState) -> Piece | None:
         """A replica at a step boundary (now): its next planned piece, planning more when none is
         left; None when its next step is not planned (it takes an ordinary step: `ordinary`)."""
         r = rep.idx
@@ -1111,7 +1078,7 @@ class RackPlanner:
         planned = self.routed.pop(rid, replica)
         assert planned == replica, f"request {rid}: the joint plan routed it to replica {planned}, the router to {replica}"
 
-    def ordinary(self, rep: Replica, end_s: float) -> None:
+    def ordinary(self, rep: ReplicaState, end_s: float) -> None:
         """A replica starts an ordinary step now, ending at `end_s`: its count until then is its
         outstanding requests now plus those the plan sent it that arrive later."""
         if self.broken:
@@ -1132,7 +1099,7 @@ class RackPlanner:
         self.cursors[r] = None
         self.carry[r] = list(c.pending)  # (those that have not arrived when it next reports count)
 
-    def went_idle(self, rep: Replica) -> None:
+    def went_idle(self, rep: ReplicaState) -> None:
         """A replica waits for work from now: known again (empty) from now on."""
         r = rep.idx
         if not self.broken and self.cursors[r] is None and self.j >= 0 and not self.pieces[r]:
@@ -1260,10 +1227,10 @@ class RackPlanner:
             self.outs[r] = [o for o in self.outs[r] if o.end_s > a]
 
 
-def loop_piece(rep: Replica) -> tuple[Piece, SendFeed, bool] | None:
-    """The next steps of a replica serving a closed loop alone (`Replica._absorbs`: it plans the
+def loop_piece(rep: ReplicaState) -> tuple[Piece, SendFeed, bool] | None:
+    """The next steps of a replica serving a closed loop alone (`sim.fusion.can_absorb`: it plans the
     loop's sends itself, `SendFeed`), planned by a cursor as one piece: what the one-replica runs
-    (`Replica._absorbing_run`, `Replica._spec_steps_run`) leave to the ordinary step, partial
+    (`sim.fusion.absorbing_run`, `sim.fusion.spec_steps_run`) leave to the ordinary step, partial
     prefills and chunked admissions included, by the same rules (`Cursor.advance`).
 
     Each completion sends the table's next request at once (`sim.run.ClosedLoop`): it waits for

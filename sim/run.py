@@ -25,11 +25,13 @@ from simpy.events import URGENT, EventPriority
 
 from models.speculative import acceptance_at_quantile, acceptance_draws
 from sim.deployment import ReplicaRuntime, check_fits
-from sim.engine import STEP_INT_COLUMNS, FuseBound, Replica, Requests, StepLog
+from sim.engine import Replica
 from sim.fleet import Autoscaler, Fleet, FleetBound, FollowLoad, change_times, timeout_with
 from sim.joint import RackPlanner
 from sim.metrics import SloWatch
 from sim.scenario import Scenario
+from sim.state import FuseBound
+from sim.tables import STEP_INT_COLUMNS, Requests, StepLog
 from sim.workload import streams
 
 GC_YOUNG_THRESHOLD = 20_000  # allocations between collections of the GC's youngest generation during a run
@@ -140,7 +142,7 @@ class ClosedLoop:
         self.inflight: deque[tuple[float, int]] = deque()
         reqs.on_complete = self._completed
         # one replica, each completion sending the table's next request at once: a fused run may
-        # plan the sends itself (sim/engine.py, `Replica._absorbs`)
+        # plan the sends itself (`sim.fusion.can_absorb`)
         reqs.closed = self if (think_s is None and not_before is None and until_s == np.inf
                                and len(replicas) == 1) else None
         for _ in range(concurrency):  # all clients send at t = 0

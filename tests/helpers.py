@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import re
+from typing import Any
+
+import sim.engine
+import sim.fusion
 
 
 def one_line_error(err: str, ignore: re.Pattern[str] | None = None) -> str:
@@ -13,3 +17,11 @@ def one_line_error(err: str, ignore: re.Pattern[str] | None = None) -> str:
     assert lines[0].startswith("specrack: error: "), err
     assert "Traceback" not in err
     return lines[0]
+
+
+def patch_fusion(monkeypatch: Any, name: str, fn: Any) -> None:
+    """Replace the fused-run function `sim.fusion.<name>` wherever it is called from: the fusion
+    module itself and the engine process, which imports it by name."""
+    for mod in (sim.fusion, sim.engine):
+        if hasattr(mod, name):
+            monkeypatch.setattr(mod, name, fn)

@@ -313,3 +313,49 @@ def test_backlog_stop_from_the_bound_is_the_exact_sums_stop(make_scenario, monke
     assert fast.summary["truncated"] is True and fast.summary["preemptions"] > 0
     assert fast.summary["horizon_s"] == every.summary["horizon_s"]
     pd.testing.assert_frame_equal(fast.requests, every.requests)
+
+
+@pytest.mark.parametrize("spec", [None, {"method": "draft_model", "draft_model": "llama-3.2-1b", "num_speculative_tokens": 4},
+                                  {"method": "tree", "num_speculative_tokens": 3, "tree_branching": [3, 2, 1]}])
+def test_the_ordinary_reservation_is_the_scalar_rule(make_scenario, spec) -> None:
+    """The ordinary step reserves KV over the slot arrays (`sim.step.reserve_decode`, vectorised);
+    the fused runs and the rack planner with the scalar rule (`reserve_need`, `reserved_tokens`):
+    on random running batches (contexts near block boundaries and the model's length, few tokens
+    left) both take the same blocks at every k."""
+    import simpy
+
+    from sim.engine import Replica
+    from sim.step import reserve_decode, reserve_need
+    from sim.tables import Requests, StepLog
+
+    sc = make_scenario(**({"speculative": spec} if spec else {}))
+    rt = build_runtime(sc)
+    rng = np.random.default_rng(7)
+    n_req = 64
+    reqs = Requests(np.zeros(n_req), np.full(n_req, 100, dtype=np.int64), np.full(n_req, 50, dtype=np.int64),
+                    np.full(n_req, 0.7))
+    checked = 0
+    for trial in range(40):
+        rep = Replica(simpy.Environment(), 0, rt, reqs, np.random.default_rng(0), StepLog(16))
+        n = int(rng.integers(1, 48))
+        ml = rt.max_model_len
+        c = np.where(rng.random(n) < 0.3, ml - rng.integers(1, 8, n), rng.integers(1, 4 * BLOCK_SIZE, n))
+        c = np.where(rng.random(n) < 0.3, (c // BLOCK_SIZE) * BLOCK_SIZE, c).astype(np.int64)
+        out = rng.integers(1, 60, n)
+        gen = (out - rng.integers(1, 6, n)).clip(0)
+        rep.n_running = n
+        rep.rid[:n] = np.arange(n)
+        rep.computed[:n] = rep.target[:n] = c
+        rep.blocks[:n] = (c + BLOCK_SIZE - 1) // BLOCK_SIZE
+        rep.out[:n], rep.gen[:n] = out, gen
+        rep.free_blocks = 10**6
+        k = 0 if spec is None else int(rng.integers(0, 4))
+        qv = rt.spec.verify_tokens(k) if (rt.spec is not None and k and rt.spec.shape is not None) else k + 1
+        dec = rng.random(n) < 0.8 if trial % 2 else np.ones(n, dtype=bool)
+        held = int(rep.blocks[:n].sum())
+        reserve_decode(rep, k, qv, None, dec, bool(dec.all()))
+        entries = np.flatnonzero(dec).tolist()
+        want = reserve_need(c.tolist(), (out - gen).tolist(), entries, k + 1, qv, ml)
+        assert int(rep.blocks[:n].sum()) - held == want == 10**6 - rep.free_blocks, (trial, k)
+        checked += want > 0
+    assert checked > 10

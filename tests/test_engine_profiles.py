@@ -16,9 +16,10 @@ from models.cost import CostModel
 from models.engines import ALIASES, DEFAULT_PROFILE, PROFILES, efficiency_for, get_profile
 from models.errors import ConfigError
 from sim.deployment import build_runtime
-from sim.engine import Replica, Requests, StepLog
+from sim.engine import Replica
 from sim.metrics import expand_steps
 from sim.simulate import simulate
+from sim.tables import Requests, StepLog
 
 
 def _run(make_scenario, engine: str, *, rate: float = 3.0, duration: float = 60.0, **dep):
@@ -138,8 +139,8 @@ def test_speculation_overhead_is_charged_on_decoding_sequences_not_prefill(make_
     rep = Replica(env, 0, rt, Requests(one, one.astype(np.int64) + 1, one.astype(np.int64) + 1, one),
                   np.random.default_rng(0), StepLog())
     n_dec, ctx = 32, 32 * 1500.0
-    no_pre = rep._spec_cost(n_dec, ctx, 4, 0, 0.0, 0.0, 0.0)
-    with_pre = rep._spec_cost(n_dec, ctx, 4, 1, 4096.0, 0.0, 4096 * 4097 / 2)
+    no_pre = rep.price.spec_cost(n_dec, ctx, 4, 0, 0.0, 0.0, 0.0)
+    with_pre = rep.price.spec_cost(n_dec, ctx, 4, 1, 4096.0, 0.0, 4096 * 4097 / 2)
     assert with_pre[3] == pytest.approx(no_pre[3], rel=1e-12)  # overhead unchanged by a prefill chunk
     assert with_pre[1] > no_pre[1] * 1.5  # while the target pass grew
     plain = rt.cost.step_sums(n_dec, n_dec, ctx, ctx + n_dec).total_s

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import patch_fusion
 
 from models.cost import CostModel
 from sim.deployment import build_runtime
@@ -147,7 +148,7 @@ _MATRIX = {
     "closed-trtllm": dict(deployment={"engine": "trtllm", "max_num_batched_tokens": 1024},
                           workload={"arrival": "closed", "concurrency": 10, "num_requests": 300, "rate_rps": None,
                                     "duration_s": 60.0, "warmup_s": 20.0}),
-    # more clients than slots (the next requests wait with every slot full: `_plan_run`'s runs, whose
+    # more clients than slots (the next requests wait with every slot full: `sim.fusion.plan_run`'s runs, whose
     # last step logs the requests a completion submitted at once), on two replicas too
     "closed-trtllm-full-slots": dict(deployment={"engine": "trtllm", "max_num_seqs": 4},
                                      workload={"arrival": "closed", "concurrency": 10, "num_requests": 60,
@@ -220,11 +221,11 @@ def test_fused_equals_unfused_on_a_trace_like_table(make_scenario) -> None:
 def run_counter(monkeypatch):
     """Per fused plain-decode run: its pieces, the completions inside it (before its end), the
     requests it admitted that were waiting when it started and those that arrived during it
-    (`Replica._fused_run`: a run through completions; `_plan_absorbing`: one that also admits)."""
-    from sim import engine
+    (`sim.fusion.fused_run`: a run through completions; `sim.fusion.plan_absorbing`: one that also admits)."""
+    from sim import fusion
 
     seen: list[dict[str, int]] = []
-    inner, plan = engine.Replica._fused_run, engine.Replica._plan_absorbing
+    inner, plan = fusion.fused_run, fusion.plan_absorbing
 
     def counted(self, segs):
         seen.append({"pieces": len(segs), "inside": len(segs) - 1, "at_start": 0, "during": 0})
@@ -240,7 +241,7 @@ def run_counter(monkeypatch):
                          "during": len(admitted) - at_start})
         return p
 
-    piece_run = engine.Replica._run_piece
+    piece_run = fusion.run_piece
 
     def pieces(self, piece, feed=None):  # a piece of the rack's joint plan (least outstanding) or a closed loop's (sim/joint.py)
         waiting = set(self.waiting)
@@ -249,9 +250,9 @@ def run_counter(monkeypatch):
                      "at_start": at_start, "during": len(piece.admitted) - at_start})
         return (yield from piece_run(self, piece, feed))
 
-    monkeypatch.setattr(engine.Replica, "_fused_run", counted)
-    monkeypatch.setattr(engine.Replica, "_plan_absorbing", planned)
-    monkeypatch.setattr(engine.Replica, "_run_piece", pieces)
+    patch_fusion(monkeypatch, "fused_run", counted)
+    patch_fusion(monkeypatch, "plan_absorbing", planned)
+    patch_fusion(monkeypatch, "run_piece", pieces)
     return seen
 
 
@@ -350,28 +351,28 @@ def _same_kv(unfused: pd.DataFrame, fused: pd.DataFrame) -> None:
 
 @pytest.fixture
 def spec_run_counter(monkeypatch):
-    """Counts the steps advanced by fused speculative runs (`Replica._spec_run` and
-    `Replica._spec_steps_run`; "absorbing": the latter's runs that admitted arrivals)."""
-    from sim import engine
+    """Counts the steps advanced by fused speculative runs (`sim.fusion.spec_run` and
+    `sim.fusion.spec_steps_run`; "absorbing": the latter's runs that admitted arrivals)."""
+    from sim import fusion
 
     seen = {"runs": 0, "steps": 0, "absorbing": 0}
 
     def counting(name: str):
-        inner = getattr(engine.Replica, name)
+        inner = getattr(fusion, name)
 
         def counted(self, *args):
             steps = yield from inner(self, *args)
             seen["runs"] += bool(steps)
             seen["steps"] += steps
-            if args and (args[0] is True or name == "_run_piece"):
+            if args and (args[0] is True or name == "run_piece"):
                 seen["absorbing"] += bool(steps)
             return steps
 
-        monkeypatch.setattr(engine.Replica, name, counted)
+        patch_fusion(monkeypatch, name, counted)
 
-    counting("_spec_run")
-    counting("_spec_steps_run")
-    counting("_run_piece")
+    counting("spec_run")
+    counting("spec_steps_run")
+    counting("run_piece")
     return seen
 
 
@@ -406,13 +407,13 @@ def test_speculative_runs_go_on_through_completions_only_where_nothing_reacts(
     slot (an overloaded rack: a completion admits one) a replica's own run ends at its first
     completion; the joint plan of replicas under least outstanding (sim/joint.py) plans that
     admission too, so its pieces go on."""
-    from sim import engine
+    from sim import fusion
 
     seen = {"runs": 0, "segments": 0, "inside": 0}
-    plan_seg, plan_steps = engine.Replica._plan_spec_segment, engine.Replica._plan_spec_steps
+    plan_seg, plan_steps = fusion.plan_spec_segment, fusion.plan_spec_steps
 
     def counting(name: str):
-        inner = getattr(engine.Replica, name)
+        inner = getattr(fusion, name)
 
         def counted(self, *args):
             before = seen["segments"]
@@ -423,7 +424,7 @@ def test_speculative_runs_go_on_through_completions_only_where_nothing_reacts(
                 seen["segments"] = before
             return steps
 
-        monkeypatch.setattr(engine.Replica, name, counted)
+        patch_fusion(monkeypatch, name, counted)
 
     def planned(self, *args):
         seg = plan_seg(self, *args)
@@ -437,18 +438,18 @@ def test_speculative_runs_go_on_through_completions_only_where_nothing_reacts(
             seen["inside"] += sum(count for t, count in got[8] if t < got[0])
         return got
 
-    counting("_spec_run")
-    counting("_spec_steps_run")
-    piece_run = engine.Replica._run_piece
+    counting("spec_run")
+    counting("spec_steps_run")
+    piece_run = fusion.run_piece
 
     def piece_counted(self, piece, feed=None):
         seen["inside"] += sum(c for t, c in piece.gone if t < piece.end_s)
         seen["runs"] += 1
         return (yield from piece_run(self, piece, feed))
 
-    monkeypatch.setattr(engine.Replica, "_run_piece", piece_counted)
-    monkeypatch.setattr(engine.Replica, "_plan_spec_segment", planned)
-    monkeypatch.setattr(engine.Replica, "_plan_spec_steps", planned_steps)
+    patch_fusion(monkeypatch, "run_piece", piece_counted)
+    patch_fusion(monkeypatch, "plan_spec_segment", planned)
+    patch_fusion(monkeypatch, "plan_spec_steps", planned_steps)
     sim = simulate(make_scenario(**_SPEC_MATRIX[name]).with_overrides({"sim.fuse_steps": True}), 1)
     assert seen["runs"] > (0 if chains else 20)
     # each segment but a run's last ended with a completion
@@ -481,9 +482,9 @@ def test_speculative_fused_equals_unfused_under_kv_pressure(make_scenario, spec_
 def test_speculative_runs_capped_by_draws_continue_exactly(make_scenario, monkeypatch, spec_run_counter) -> None:
     """A run capped by FUSE_MAX_DRAWS (few steps a run at a large batch) ends where the next one
     starts: still the unfused engine's tables."""
-    from sim import engine
+    from sim import fusion
 
-    monkeypatch.setattr(engine, "FUSE_MAX_DRAWS", 64)
+    monkeypatch.setattr(fusion, "FUSE_MAX_DRAWS", 64)
     sc = make_scenario(speculative=_DRAFT, workload={"rate_rps": 6.0, "duration_s": 20.0})
     on, off = _both(sc)
     assert spec_run_counter["steps"] >= 2 * spec_run_counter["runs"] > 0
@@ -495,7 +496,7 @@ def test_speculative_runs_capped_by_draws_continue_exactly(make_scenario, monkey
 def test_step_log_blocks_keep_every_row_in_order() -> None:
     """The block-wise step log (single appends and whole blocks of speculative rows, across block
     boundaries) gives back every row, in order."""
-    from sim.engine import STEP_COLUMNS, StepLog
+    from sim.tables import STEP_COLUMNS, StepLog
 
     rng = np.random.default_rng(0)
     log = StepLog(8)
@@ -540,11 +541,13 @@ def test_step_sums_many_is_bit_identical() -> None:
 @pytest.mark.parametrize("spec", [_DRAFT, {"method": "eagle", "num_speculative_tokens": 5},
                                   {**_DRAFT, "draft_model": "qwen2.5-0.5b"}])
 def test_speculative_step_costs_of_a_run_are_the_ordinary_steps_bit_for_bit(make_scenario, spec) -> None:
-    """A fused speculative run prices its steps with `_spec_cost_many` (numpy over many steps, scalars
-    over a few) and its first with `_spec_step`: each is the ordinary step's `_spec_cost`, to the last bit."""
+    """A fused speculative run prices its steps with `StepPricer.spec_cost_many` (numpy over many steps, scalars
+    over a few) and its first with `StepPricer.spec_step`: each is the ordinary step's `StepPricer.spec_cost`, to the last bit."""
     import simpy
 
-    from sim.engine import SPEC_SCALAR_STEPS, Replica, Requests, StepLog
+    from sim.engine import Replica
+    from sim.pricing import SPEC_SCALAR_STEPS
+    from sim.tables import Requests, StepLog
 
     model = {"model": "qwen2.5-7b", "tensor_parallel": 1} if spec.get("draft_model") == "qwen2.5-0.5b" else {}
     sc = make_scenario(speculative=spec, deployment=model, rack={"gpu": "h100-sxm", "num_gpus": 4 if not model else 1})
@@ -554,17 +557,17 @@ def test_speculative_step_costs_of_a_run_are_the_ordinary_steps_bit_for_bit(make
                   np.random.default_rng(0), StepLog())
     rng = np.random.default_rng(3)
     for speculating in (True, False):
-        rep.speculating = speculating
+        rep.price.speculating = speculating
         for n in (1, 2, 7, 64):
             for k in (0, 1, 4):
                 for steps in (1, 5, SPEC_SCALAR_STEPS, SPEC_SCALAR_STEPS + 9):
                     ctx = np.sort(rng.integers(n, 3000 * n, steps)).astype(np.float64)
-                    many = rep._spec_cost_many(n, ctx, k)
-                    ones = [rep._spec_cost(n, c, k, 0, 0.0, 0.0, 0.0) for c in ctx.tolist()]
+                    many = rep.price.spec_cost_many(n, ctx, k)
+                    ones = [rep.price.spec_cost(n, c, k, 0, 0.0, 0.0, 0.0) for c in ctx.tolist()]
                     for col in range(6):
                         got = np.broadcast_to(np.asarray(many[col], dtype=np.float64), ctx.shape).tolist()
                         assert got == [o[col] for o in ones], (n, k, steps, col)
-                    assert [rep._spec_step(n, c, k) for c in ctx.tolist()] == ones
+                    assert [rep.price.spec_step(n, c, k) for c in ctx.tolist()] == ones
 
 
 def _segment_columns(seg: Any) -> dict[str, Any]:
@@ -588,11 +591,11 @@ def _segment_columns(seg: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("name", ["draft-fixed", "ngram-spread", "draft-disable-above-batch", "2-replicas-rr", "closed"])
 def test_array_planned_speculative_runs_are_the_unfused_engine(make_scenario, monkeypatch, spec_run_counter,
                                                               name: str) -> None:
-    """Large batches of a plain chain are planned by numpy's arrays (`_spec_run`,
-    `_plan_spec_segment`) instead of step by step: forced on every batch, still the unfused engine."""
-    from sim import engine
+    """Large batches of a plain chain are planned by numpy's arrays (`sim.fusion.spec_run`,
+    `sim.fusion.plan_spec_segment`) instead of step by step: forced on every batch, still the unfused engine."""
+    from sim import fusion
 
-    monkeypatch.setattr(engine, "SPEC_STEP_SEQS", 0)
+    monkeypatch.setattr(fusion, "SPEC_STEP_SEQS", 0)  # (`fused_steps` chooses between the two planners)
     on, off = _both(make_scenario(**_SPEC_MATRIX[name]))
     assert spec_run_counter["steps"] >= 2 * spec_run_counter["runs"] > 0
     _same_requests(off.requests, on.requests)
@@ -925,7 +928,7 @@ def _kv_fraction(sc, tokens: int) -> float:
 
 def _count_loop_pieces(monkeypatch) -> dict[str, int]:
     """Counts of the closed loops' pieces (`sim.joint.loop_piece`), their steps and preemptions."""
-    from sim import joint
+    from sim import fusion, joint
 
     planned = {"pieces": 0, "steps": 0, "preempted": 0}
     inner = joint.loop_piece
@@ -938,7 +941,7 @@ def _count_loop_pieces(monkeypatch) -> dict[str, int]:
             planned["preempted"] += len(got[0].preempted)
         return got
 
-    monkeypatch.setattr(joint, "loop_piece", counted)
+    monkeypatch.setattr(fusion, "loop_piece", counted)  # (where the engine's closed-loop runs call it)
     return planned
 
 
@@ -1087,7 +1090,7 @@ def test_a_piece_lands_exactly_on_its_planned_end() -> None:
     loop, whose step after the piece then started an ulp early and changed the measured window)."""
     import simpy
 
-    from sim.engine import exact_delay, land_at
+    from sim.plans import exact_delay, land_at
 
     now, end = 207.76923486634578, 481.544920427719
     assert now + exact_delay(now, end) != end  # (one timeout cannot)

@@ -18,6 +18,7 @@ from models.memory import BLOCK_SIZE
 from sim.deployment import build_runtime
 from sim.engine import Replica
 from sim.prefix_cache import PrefixCache
+from sim.pricing import StepPricer
 from sim.run import _route, run_table
 from sim.simulate import simulate
 from sim.workload import generate
@@ -118,13 +119,19 @@ class _Audit:
         self.checks = 0
         self.max_evictable = 0
         audit = self
-        orig = Replica._spec_cost
+        owners: dict[int, Replica] = {}  # each replica's step pricer -> the replica
+        init, orig = Replica.__init__, StepPricer.spec_cost
 
-        def spy(rep, *args):
-            audit.check(rep)
-            return orig(rep, *args)
+        def made(rep, *args, **kw):
+            init(rep, *args, **kw)
+            owners[id(rep.price)] = rep
 
-        monkeypatch.setattr(Replica, "_spec_cost", spy)
+        def spy(price, *args):  # every step priced, on any path: the pool adds up at that moment
+            audit.check(owners[id(price)])
+            return orig(price, *args)
+
+        monkeypatch.setattr(Replica, "__init__", made)
+        monkeypatch.setattr(StepPricer, "spec_cost", spy)
 
     def check(self, rep: Replica) -> None:
         acc = rep.kv_accounting()
@@ -135,7 +142,7 @@ class _Audit:
             return
         held: Counter[int] = Counter()
         for i in range(rep.n_running):
-            held.update(rep._units(int(rep.rid[i]))[0][: int(rep.n_units[i])].tolist())
+            held.update(rep.units(int(rep.rid[i]))[0][: int(rep.n_units[i])].tolist())
         assert held == Counter({k: r for k, r in cache.ref.items() if r > 0})
         assert cache.evictable == sum(cache.nb[k] for k in cache.lru)
         self.max_evictable = max(self.max_evictable, cache.evictable)

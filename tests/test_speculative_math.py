@@ -186,7 +186,7 @@ def test_adaptive_expected_sums_are_the_loop_bit_for_bit() -> None:
     loop beyond) equal the plain depth loop exactly, for every k_max, decay and batch."""
     import random
 
-    from sim.engine import expected_sums
+    from sim.policies import expected_sums
 
     rnd = random.Random(3)
     for k in range(0, 8):
@@ -213,7 +213,7 @@ def test_adaptive_sums_by_depth_are_numpys_bit_for_bit() -> None:
     column pairwise: the compiled build keeps numpy there.)"""
     import random
 
-    from sim.engine import ADAPTIVE_SCALAR_SEQS, expected_sums_by_depth
+    from sim.policies import ADAPTIVE_SCALAR_SEQS, expected_sums_by_depth
 
     rnd = random.Random(5)
     for k in range(2, 9):

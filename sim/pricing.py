@@ -1,0 +1,346 @@
+"""The price of an engine step: seconds, FLOPs and bytes of a step's target pass, draft passes and
+speculation machinery, from the replica's cost models (`models.cost.CostModel`). One `StepPricer`
+per replica prices every step the engine takes, whichever path takes it (the ordinary step, a
+fused run, the rack planner): the scalar forms (`spec_step`, `shape_step`) and the vectorised one
+(`spec_cost_many`) are `spec_cost`'s operations in its order, bit for bit."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from models.cost import CostModel
+
+if TYPE_CHECKING:
+    from sim.deployment import ReplicaRuntime
+
+# a fused speculative run of at most this many steps is priced step by step in scalars (measured: 8
+# steps of 2 sequences with a draft, 79 us with numpy's arrays, ~3 us a step in scalars)
+SPEC_SCALAR_STEPS = 24
+
+# `StepPricer.spec_step`'s cached terms, typed item by item (compiled, its arithmetic is then on C
+# doubles, not Python objects): a draft pass's (half its context growth, `CostModel.pass_parts`, the
+# draft's attention FLOPs per pair, attention peak, KV bytes per token, bandwidth, TP); the plain
+# decode pass's (linear, KV written, communication, overhead, and the same four); the step's (q, pairs of
+# an empty context, the verification's `pass_parts`, the target's four and TP, the draft's, the
+# plain pass's, the machinery's overhead fraction)
+DraftParts = tuple[float, float, float, float, float, float, float, float, float, float, float, float, int]
+PlainParts = tuple[float, float, float, float, float, float, float, float]
+StepParts = tuple[int, float, float, float, float, float, float, float, float, float, float, float, float, int,
+                  DraftParts | None, PlainParts | None, float | None]
+
+
+class VerifyPlan(NamedTuple):
+    """The decode part of a speculating step for the methods beyond the plain chain (trees, a
+    windowed self-draft, suffix matches): target tokens and attention pairs of the decoding
+    sequences, and the sequences that draft with the sum of the draft's contexts."""
+
+    tokens: float
+    pairs: float
+    n_draft: float
+    draft_ctx: float
+
+
+def plannable(spec: Any) -> bool:
+    """Whether a method's steps can be planned ahead in scalars (`sim.fusion.plan_spec_steps`): the chain,
+    a depth profile or a token tree; not a windowed self-draft, suffix matches or a host cost."""
+    return spec.draft_window is None and not spec.on_match and not spec.host_s_per_seq > 0
+
+
+def needs_general(spec: Any) -> bool:
+    """Whether a method needs the general speculation path (a tree or depth profile, a windowed
+    self-draft, suffix matches, a host cost); the plain chain keeps the original formulas."""
+    return spec.shape is not None or spec.draft_window is not None or spec.on_match or spec.host_s_per_seq > 0
+
+
+class StepPricer:
+    """Prices one replica's steps (`rt`: its runtime; `idx`: the replica, for step rows).
+    `speculating`: speculation on (speculative.policy "follow_load" switches it: `sim.fleet.FollowLoad`);
+    off, a step takes the plain decode path and pays no machinery."""
+
+    def __init__(self, rt: ReplicaRuntime, idx: int) -> None:
+        self.rt, self.idx = rt, idx
+        spec = rt.spec
+        self.speculating = True
+        self.decay_pows = [spec.decay ** i for i in range(spec.k)] if spec is not None else []
+        self._step_parts: dict[int, StepParts] = {}  # `spec_step`'s cached terms, by `spec_step`'s key
+        self._parents_k: dict[int, list[float]] = {}  # `parents`
+
+    def verify_plan(self, computed: np.ndarray, k: int, matched: np.ndarray | None) -> VerifyPlan:
+        """Target tokens and attention pairs of the decoding sequences `ds` verifying depth k, and
+        who drafts. A tree verifies all its nodes, attention over context + tree under the tree
+        mask, charged as the dense (tree tokens x (context + tree tokens)) tile the kernels
+        compute; a chain the causal triangle. With suffix matches (`matched`, booleans or expected
+        probabilities over `ds`) only matched sequences verify k + 1 tokens, the others decode one."""
+        spec = self.rt.spec
+        assert spec is not None
+        ctx = computed.astype(np.float64)
+        n_dec = float(ctx.size)
+        ctx_sum = float(ctx.sum())
+        q = spec.verify_tokens(k)
+        if matched is not None:
+            w = np.asarray(matched, dtype=np.float64)
+            n_m, ctx_m = float(w.sum()), float((w * ctx).sum())
+            tokens = n_dec + k * n_m
+            pairs = ctx_sum + n_dec + k * ctx_m + n_m * (q * (q + 1) / 2.0 - 1.0)
+            return VerifyPlan(tokens, pairs, n_m, ctx_m)
+        tri = q * q if (spec.shape is not None and not spec.shape.chain) else q * (q + 1) / 2.0
+        draft_ctx = ctx_sum if spec.draft_window is None else float(np.minimum(ctx, spec.draft_window).sum())
+        return VerifyPlan(n_dec * q, ctx_sum * q + n_dec * tri, n_dec, draft_ctx)
+
+    def draft_sums(self, plan: VerifyPlan, k: int) -> tuple[float, float, float]:
+        """(seconds, FLOPs, bytes) of drafting depth k for the general methods: one draft pass per
+        depth, over the nodes of the depth above (one token per sequence for a chain, N_(i-1)
+        for a tree), each node attending to the draft's context (a window for a windowed
+        self-draft) plus its i ancestors."""
+        spec = self.rt.spec
+        assert spec is not None and spec.draft_cost is not None
+        dc = spec.draft_cost
+        parents = spec.shape.parents(k) if spec.shape is not None else np.ones(k)
+        n = plan.n_draft
+        t = f = b = 0.0
+        for i in range(1, k + 1):
+            p = float(parents[i - 1])
+            ctx = plan.draft_ctx + n * (i - 1)
+            d = dc.step_sums(round(n), n * p, ctx, p * (ctx + n), step_overhead=False)
+            t += d.total_s
+            f += d.flops * dc.tp
+            b += d.bytes * dc.tp
+        return t, f, b
+
+    def overhead_frac(self, n_dec: int) -> float:
+        """Speculation machinery overhead as a fraction of the plain decode pass of the decoding
+        sequences; grows with their number (vLLM #49548 measured TPOT with nothing drafted)."""
+        spec = self.rt.spec
+        assert spec is not None
+        return spec.overhead_frac_at_2 + spec.overhead_frac_per_seq * max(0, n_dec - 2)
+
+    def plain_step(self, n_dec: int, ctx_dec: float, n_pre: int, pre_tokens: float, pre_ctx: float,
+                   pre_pairs: float) -> tuple[float, float, float]:
+        """(total_s, flops, bytes) of a step without speculation: `spec_cost`'s figures, its
+        arithmetic in its order, from the cost model's terms cached per batch (`pass_sums`)."""
+        cost = self.rt.cost
+        assert isinstance(cost, CostModel)
+        total, flops, nbytes = cost.pass_sums(n_dec + n_pre, n_dec + pre_tokens, ctx_dec + pre_ctx,
+                                              ctx_dec + n_dec * 2 / 2.0 + pre_pairs)
+        return total, flops * cost.tp, nbytes * cost.tp
+
+    def spec_cost(self, n_dec: int, ctx_dec: float, k: int, n_pre: int, pre_tokens: float,
+                   pre_ctx: float, pre_pairs: float,
+                   plan: VerifyPlan | None = None) -> tuple[float, float, float, float, float, float]:
+        """(total_s, target_s, draft_s, overhead_s, flops, bytes) of a step; FLOPs and bytes are
+        summed over all the replica's GPUs (target and draft). `plan`: the decode part of a
+        general method (tree, windowed self-draft, suffix), else the plain chain of k + 1 tokens."""
+        rt = self.rt
+        q = k + 1
+        if plan is None:
+            tokens = n_dec * q + pre_tokens
+            pairs = ctx_dec * q + n_dec * q * (q + 1) / 2.0 + pre_pairs
+        else:
+            tokens = plan.tokens + pre_tokens
+            pairs = plan.pairs + pre_pairs
+        tc = rt.cost.step_sums(n_dec + n_pre, tokens, ctx_dec + pre_ctx, pairs)
+        flops, nbytes = tc.flops * rt.cost.tp, tc.bytes * rt.cost.tp
+        draft_s = 0.0
+        over = 0.0
+        spec = rt.spec
+        if spec is not None:
+            dc = spec.draft_cost
+            if dc is not None:
+                if k > 0 and n_dec and plan is not None:
+                    if plan.n_draft > 0:
+                        d_s, d_f, d_b = self.draft_sums(plan, k)
+                        draft_s += d_s
+                        flops += d_f
+                        nbytes += d_b
+                elif k > 0 and n_dec:
+                    # k autoregressive draft passes over the decoding sequences, weights and KV
+                    # read each pass; the context grows by one token per pass, so k passes cost
+                    # k x the pass at the mean context (exact while the pass stays in one
+                    # roofline regime)
+                    # (`pass_sums`: `step_sums`'s figures, bit for bit, from terms cached per batch)
+                    mean_ctx = ctx_dec + n_dec * (k - 1) / 2.0
+                    d_s, d_f, d_b = dc.pass_sums(n_dec, n_dec, mean_ctx, mean_ctx + n_dec, False)
+                    draft_s += k * d_s
+                    flops += k * d_f * dc.tp
+                    nbytes += k * d_b * dc.tp
+                if pre_tokens and spec.method != "self_spec":  # a self-draft's prefill is the target's own
+                    d = dc.step_sums(n_pre, pre_tokens, pre_ctx, pre_pairs, step_overhead=False)
+                    draft_s += d.total_s
+                    flops += d.flops * dc.tp
+                    nbytes += d.bytes * dc.tp
+            if n_dec and self.speculating:  # follow_load switched off: the plain decode path
+                # the machinery (proposer, rejection sampler, bookkeeping) runs on every decoding
+                # step of a speculation-enabled engine, also when k = 0. vLLM issue 49548 measured
+                # it as a share of TPOT with nothing drafted, i.e. of a plain decode step over the
+                # decoding sequences: it is charged on that, never on prefill tokens in the step
+                # (`decode_s`: that pass's `step_sums` total, bit for bit, from terms cached per batch)
+                plain_s = tc.total_s if (k == 0 and not n_pre) else rt.cost.decode_s(n_dec, ctx_dec)
+                over = plain_s * self.overhead_frac(n_dec)
+                if spec.host_s_per_seq:  # suffix decoding's CPU lookups, per decoding sequence
+                    over += spec.host_s_per_seq * n_dec
+        return tc.total_s + draft_s + over, tc.total_s, draft_s, over, flops, nbytes
+
+    def spec_step(self, n_dec: int, ctx: float, k: int) -> tuple[float, float, float, float, float, float]:
+        """`spec_cost` of one decode-only step (every sequence decoding, no prefill) at context
+        sum `ctx`, in scalars with its operations in its order (bit-identical: the additions of
+        an empty prefill, x + 0.0, are x), each pass priced as `CostModel.pass_sums` prices it, inline
+        from the terms that depend on the batch and k only (`spec_step_parts`, cached per batch, k
+        and whether speculation is on): a short fused run's steps cost less so than with numpy."""
+        if k and self.rt.spec is not None and self.rt.spec.shape is not None:
+            return self.shape_step(n_dec, ctx, k)
+        key = (n_dec * 1024 + k) * 2 + self.speculating  # (n_dec, k < 1024, speculating) as one int
+        pr = self._step_parts.get(key)
+        if pr is None:
+            pr = self._step_parts[key] = self.spec_step_parts(n_dec, k)
+        # pass_sums of each pass inline, its operations in its order: the target's verification
+        # (context ctx, pairs ctx q + n q (q + 1) / 2), k draft passes at the mean draft context,
+        # and the plain decode pass the machinery's overhead is a fraction of
+        (q, pairs0, lin, kv_w, w, act, comm_s, over_s, lin_f, apf, peak, kvb, bw, tp,
+         draft_p, plain_p, frac) = pr
+        attn_f = apf * (ctx * q + pairs0)
+        attn_c = attn_f / peak
+        kv_r = kvb * ctx
+        attn_m = (kv_r + kv_w) / bw
+        total = lin + (attn_c if attn_c > attn_m else attn_m) + comm_s + over_s
+        flops = (lin_f + attn_f) * tp
+        nbytes = (w + kv_r + kv_w + act) * tp
+        draft = 0.0
+        if draft_p is not None:
+            (half, d_lin, d_kv_w, d_w, d_act, d_comm, d_over, d_lin_f, d_apf, d_peak, d_kvb, d_bw, d_tp) = draft_p
+            mean_ctx = ctx + half
+            d_attn_f = d_apf * (mean_ctx + n_dec)
+            d_attn_c = d_attn_f / d_peak
+            d_kv_r = d_kvb * mean_ctx
+            d_attn_m = (d_kv_r + d_kv_w) / d_bw
+            draft = k * (d_lin + (d_attn_c if d_attn_c > d_attn_m else d_attn_m) + d_comm + d_over)
+            flops += k * (d_lin_f + d_attn_f) * d_tp
+            nbytes += k * (d_w + d_kv_r + d_kv_w + d_act) * d_tp
+        step = total + draft
+        if frac is None:
+            over = 0.0
+        elif plain_p is not None:
+            p_lin, p_kv_w, p_comm, p_over, p_apf, p_peak, p_kvb, p_bw = plain_p
+            p_attn_c = p_apf * (ctx + n_dec) / p_peak
+            p_attn_m = (p_kvb * ctx + p_kv_w) / p_bw
+            over = (p_lin + (p_attn_c if p_attn_c > p_attn_m else p_attn_m) + p_comm + p_over) * frac
+        else:
+            over = total * frac
+        return step + over, total, draft, over, flops, nbytes
+
+    def shape_step(self, n_dec: int, ctx: float, k: int) -> tuple[float, float, float, float, float, float]:
+        """`spec_step` for a depth profile or a token tree (k > 0): `spec_cost` of the decode-only
+        step with the verification plan `verify_plan` makes (every sequence verifying its q =
+        `verify_tokens(k)` tokens, a tree's attention tile q x q) and the draft passes of
+        `draft_sums`, each pass priced by `CostModel.pass_sums` (bit-identical to `step_sums`)."""
+        rt = self.rt
+        spec = rt.spec
+        cost = rt.cost
+        assert spec is not None and spec.shape is not None and isinstance(cost, CostModel)
+        q = spec.verify_tokens(k)
+        tri = q * q if not spec.shape.chain else q * (q + 1) / 2.0
+        nd = float(n_dec)
+        total, fl, by = cost.pass_sums(n_dec, nd * q + 0.0, ctx + 0.0, (ctx * q + nd * tri) + 0.0)
+        flops, nbytes = fl * cost.tp, by * cost.tp
+        draft_s = 0.0
+        dc = spec.draft_cost
+        if dc is not None:
+            assert isinstance(dc, CostModel)
+            t = f = b = 0.0
+            for i, p in enumerate(self.parents(k)):
+                c_i = ctx + nd * i
+                d_t, d_f, d_b = dc.pass_sums(round(nd), nd * p, c_i, p * (c_i + nd), False)
+                t += d_t
+                f += d_f * dc.tp
+                b += d_b * dc.tp
+            draft_s += t
+            flops += f
+            nbytes += b
+        over = 0.0
+        if self.speculating:
+            over = cost.pass_sums(n_dec, n_dec, ctx, ctx + n_dec)[0] * self.overhead_frac(n_dec)
+        return total + draft_s + over, total, draft_s, over, flops, nbytes
+
+    def parents(self, k: int) -> list[float]:
+        """Tokens the drafter runs on at each depth 1..k (`DraftShape.parents`), cached per k."""
+        got = self._parents_k.get(k)
+        if got is None:
+            spec = self.rt.spec
+            assert spec is not None and spec.shape is not None
+            got = self._parents_k[k] = [float(x) for x in spec.shape.parents(k)]
+        return got
+
+    def spec_step_parts(self, n_dec: int, k: int) -> StepParts:
+        """`spec_step`'s terms that depend on the batch and k only (a fused replica's models have
+        no sliding window, `affine_in_context`, so `pass_sums` would take them from its cache)."""
+        rt = self.rt
+        spec = rt.spec
+        cost = rt.cost
+        assert spec is not None and isinstance(cost, CostModel)
+        dc = spec.draft_cost
+        assert not cost.window and not (isinstance(dc, CostModel) and dc.window)
+        assert k < 1024  # (`spec_step`'s cache key; the scenario allows num_speculative_tokens <= 16)
+        q = k + 1
+        lin, kv_w, w, act, comm_s, over_s, lin_f = cost.pass_parts(n_dec, n_dec * q + 0.0)
+        draft_p: DraftParts | None = None
+        if dc is not None and k > 0:
+            assert isinstance(dc, CostModel)
+            d_lin, d_kv_w, d_w, d_act, d_comm, d_over, d_lin_f = dc.pass_parts(n_dec, n_dec, False)
+            draft_p = (n_dec * (k - 1) / 2.0, d_lin, d_kv_w, d_w, d_act, d_comm, d_over, d_lin_f,
+                       dc.attn_flops_per_pair, dc._peak_attn, dc.kv_bytes_per_token_gpu, dc.bw, dc.tp)
+        plain_p: PlainParts | None = None
+        if self.speculating and k > 0:
+            pl = cost.pass_parts(n_dec, n_dec)
+            plain_p = (pl[0], pl[1], pl[4], pl[5], cost.attn_flops_per_pair, cost._peak_attn, cost.kv_bytes_per_token_gpu,
+                       cost.bw)
+        return (q, n_dec * q * (q + 1) / 2.0, lin, kv_w, w, act, comm_s, over_s, lin_f, cost.attn_flops_per_pair,
+                cost._peak_attn, cost.kv_bytes_per_token_gpu, cost.bw, cost.tp, draft_p, plain_p,
+                self.overhead_frac(n_dec) if self.speculating else None)
+
+    def spec_cost_many(self, n_dec: int, ctx: np.ndarray, k: int) -> tuple[Any, ...]:
+        """`spec_cost` of decode-only steps (every sequence decoding, no prefill) at each context
+        sum in `ctx`, vectorised, with the same operations in the same order (bit-identical); a
+        few steps (SPEC_SCALAR_STEPS) step by step in scalars (`spec_step`: numpy's per-call
+        cost dominates arrays that short)."""
+        rt = self.rt
+        spec = rt.spec
+        assert spec is not None and isinstance(rt.cost, CostModel)
+        if ctx.size <= SPEC_SCALAR_STEPS:
+            cols = list(zip(*[self.spec_step(n_dec, c, k) for c in ctx.tolist()], strict=True))
+            if not cols:
+                cols = [(), (), (), (), (), ()]
+            return tuple(np.array(c, dtype=np.float64) for c in cols)
+        q = k + 1
+        # (x + 0.0 is x for x >= 0: the ordinary step's additions of its empty prefill are left out)
+        pairs = ctx * q + n_dec * q * (q + 1) / 2.0
+        total, flops, nbytes = rt.cost.step_sums_many(n_dec, n_dec * q + 0.0, ctx, pairs)
+        flops *= rt.cost.tp
+        nbytes *= rt.cost.tp
+        dc = spec.draft_cost
+        if dc is not None and k > 0:
+            mean_ctx = ctx + n_dec * (k - 1) / 2.0
+            d_total, d_flops, d_bytes = dc.step_sums_many(n_dec, n_dec, mean_ctx, mean_ctx + n_dec,
+                                                          step_overhead=False)
+            draft: np.ndarray | float = k * d_total
+            flops += k * d_flops * dc.tp
+            nbytes += k * d_bytes * dc.tp
+            step = total + draft
+        else:
+            draft, step = 0.0, total
+        plain = total if k == 0 else rt.cost.step_sums_many(n_dec, n_dec, ctx, ctx + n_dec, totals=True)[0]
+        # follow_load switched off: the plain decode path, no machinery (as `spec_cost`)
+        over = plain * self.overhead_frac(n_dec) if self.speculating else 0.0 * plain
+        return step + over, total, draft, over, flops, nbytes
+
+    def run_row(self, start: float, steps: int, d0: float, slope: float, n: int, ctx0: float,
+                 used_blocks: int, waiting: int) -> tuple[float, ...]:
+        """The step row of `steps` pure decode steps of n sequences, the first at context ctx0 and
+        lasting d0, each next one `slope` longer: run-length (count, first duration, slope) when
+        more than one."""
+        cost = self.rt.cost
+        total = steps * d0 + slope * (steps * (steps - 1) / 2.0)
+        ctx_sum = steps * ctx0 + n * (steps * (steps - 1) / 2.0)
+        flops, nbytes = cost.run_sums(float(n), ctx_sum, ctx_sum + steps * n, steps)
+        return (self.idx, start, total, n, n, 0.0, n * steps, n * steps, 0, used_blocks, waiting,
+                flops * cost.tp, nbytes * cost.tp, total, 0.0, 0.0, d0, steps, slope if steps > 1 else 0.0)
