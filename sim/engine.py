@@ -49,6 +49,8 @@ class Replica(ReplicaState):
         self.proc = env.process(self.run())
 
     def submit(self, rid: int) -> None:
+        """A request routed here joins the waiting queue (checked against the rack planner's
+        routing, when it plans); an idle replica wakes."""
         if self.rack is not None:
             self.rack.check(rid, self.idx)
         self.enqueue(rid)
@@ -56,6 +58,8 @@ class Replica(ReplicaState):
             self.wakeup.succeed()
 
     def run(self) -> Generator[simpy.Event, Any, None]:
+        """The engine loop: idle until a request arrives; then, at each step boundary, the rack
+        planner's piece, a fused run or one ordinary step (the module docstring)."""
         env, rt = self.env, self.rt
         spec = rt.spec
         separate = rt.prefill == "separate"
