@@ -116,6 +116,14 @@ class StepPricer:
         assert spec is not None
         return spec.overhead_frac_at_2 + spec.overhead_frac_per_seq * max(0, n_dec - 2)
 
+    def host_s(self, n_dec: int, k: int) -> float:
+        """Host (CPU) seconds a speculating step of `n_dec` decoding sequences at depth k adds to the
+        machinery's, serial with the GPU's work: suffix decoding's lookups, per decoding sequence.
+        Every form of the price (`spec_cost`, `spec_step`, `shape_step`, `spec_cost_many`) adds
+        it, so a host cost that depends on the batch and k alone is written here, once."""
+        spec = self.rt.spec
+        return spec.host_s_per_seq * n_dec if spec is not None else 0.0
+
     def plain_step(self, n_dec: int, ctx_dec: float, n_pre: int, pre_tokens: float, pre_ctx: float,
                    pre_pairs: float) -> tuple[float, float, float]:
         """(total_s, flops, bytes) of a step without speculation: `spec_cost`'s figures, its
@@ -177,9 +185,7 @@ class StepPricer:
                 # decoding sequences: it is charged on that, never on prefill tokens in the step
                 # (`decode_s`: that pass's `step_sums` total, bit for bit, from terms cached per batch)
                 plain_s = tc.total_s if (k == 0 and not n_pre) else rt.cost.decode_s(n_dec, ctx_dec)
-                over = plain_s * self.overhead_frac(n_dec)
-                if spec.host_s_per_seq:  # suffix decoding's CPU lookups, per decoding sequence
-                    over += spec.host_s_per_seq * n_dec
+                over = plain_s * self.overhead_frac(n_dec) + self.host_s(n_dec, k)
         return tc.total_s + draft_s + over, tc.total_s, draft_s, over, flops, nbytes
 
     def spec_step(self, n_dec: int, ctx: float, k: int) -> tuple[float, float, float, float, float, float]:
@@ -225,8 +231,9 @@ class StepPricer:
             p_attn_c = p_apf * (ctx + n_dec) / p_peak
             p_attn_m = (p_kvb * ctx + p_kv_w) / p_bw
             over = (p_lin + (p_attn_c if p_attn_c > p_attn_m else p_attn_m) + p_comm + p_over) * frac
+            over += self.host_s(n_dec, k)
         else:
-            over = total * frac
+            over = total * frac + self.host_s(n_dec, k)
         return step + over, total, draft, over, flops, nbytes
 
     def shape_step(self, n_dec: int, ctx: float, k: int) -> tuple[float, float, float, float, float, float]:
@@ -259,7 +266,7 @@ class StepPricer:
             nbytes += b
         over = 0.0
         if self.speculating:
-            over = cost.pass_sums(n_dec, n_dec, ctx, ctx + n_dec)[0] * self.overhead_frac(n_dec)
+            over = cost.pass_sums(n_dec, n_dec, ctx, ctx + n_dec)[0] * self.overhead_frac(n_dec) + self.host_s(n_dec, k)
         return total + draft_s + over, total, draft_s, over, flops, nbytes
 
     def parents(self, k: int) -> list[float]:
@@ -330,7 +337,7 @@ class StepPricer:
             draft, step = 0.0, total
         plain = total if k == 0 else rt.cost.step_sums_many(n_dec, n_dec, ctx, ctx + n_dec, totals=True)[0]
         # follow_load switched off: the plain decode path, no machinery (as `spec_cost`)
-        over = plain * self.overhead_frac(n_dec) if self.speculating else 0.0 * plain
+        over = plain * self.overhead_frac(n_dec) + self.host_s(n_dec, k) if self.speculating else 0.0 * plain
         return step + over, total, draft, over, flops, nbytes
 
     def run_row(self, start: float, steps: int, d0: float, slope: float, n: int, ctx0: float,
