@@ -51,6 +51,7 @@ from sim.step import (
     draft_counters,
     kv_steps,
     new_blocks_first,
+    prefill_budget,
     prefill_sums,
     reserve_need,
 )
@@ -398,7 +399,7 @@ def plan_absorbing(rep: ReplicaState) -> tuple[Any, ...] | None:
         if need > free:
             break
         free2 = free - need
-        whole = whole_prompts(rep, pending, budget_max - n, n, free2)
+        whole = whole_prompts(rep, pending, prefill_budget(budget_max, n), n, free2)
         if whole is None:
             break
         chunks, free2, (pre_tokens, pre_ctx, pre_pairs) = whole
@@ -980,7 +981,7 @@ def plan_spec_steps(rep: ReplicaState, absorb: bool) -> tuple[Any, ...] | None:
             break  # it would preempt: the ordinary loop
         n_pre = 0
         if pending:
-            whole = whole_prompts(rep, pending, budget_max - n * qv, n, free - need)
+            whole = whole_prompts(rep, pending, prefill_budget(budget_max, n * qv), n, free - need)
             if whole is None:
                 break
             chunks, _, (pre_tokens, pre_ctx, pre_pairs) = whole

@@ -65,6 +65,7 @@ from sim.step import (
     decode_spec,
     kv_steps,
     new_blocks_first,
+    prefill_budget,
     prefill_sums,
     reserve_need,
     whole_fits,
@@ -426,7 +427,7 @@ class Cursor:
         in the ordinary step: the victim, back at the head of the queue, would take back the
         blocks just taken from it.)"""
         reqs = self.reqs
-        budget = full = self.budget_max - n_dec * qv
+        budget = full = prefill_budget(self.budget_max, n_dec * qv)
         C, TGT = self.C, self.TGT
         chunked = self.chunked
         parts: list[tuple[int, int]] = []

@@ -94,6 +94,13 @@ def draft_counters(entries: list[int], C: list[int], NX: list[int], V: int, PROP
 
 
 # ------------------------------------------------------------- engine loop
+def prefill_budget(budget_max: int, decode_tokens: int) -> int:
+    """The step's token budget left for prefill chunks (rule 2): `max_num_batched_tokens` less the
+    decoding sequences' tokens (k + 1 each when speculating, a tree's every node: verification
+    tokens displace prefill)."""
+    return budget_max - decode_tokens
+
+
 def chunk_tokens(remaining: int, budget: int, alone: bool, chunked: bool) -> int:
     """Tokens of a prefill chunk in a step's token budget: with chunked prefill what is left, up to
     the budget; without, the whole remainder when it fits the budget or goes alone in the step
@@ -372,7 +379,7 @@ def plan_step(rep: ReplicaState, separate: bool, decode_due: bool) -> StepPlan:
                 if general else None)
         if not separate:
             dec_tokens = n_dec * q if plan is None else round(plan.tokens)
-            chunk_idx, chunks = plan_prefill(rep, budget_max - dec_tokens, dec, not preempted, all_dec)
+            chunk_idx, chunks = plan_prefill(rep, prefill_budget(budget_max, dec_tokens), dec, not preempted, all_dec)
         step = StepPlan(n, dec, ds, n_dec, k, matched, plan, chunk_idx, chunks, True, False)
     if step.empty:
         if rep.n_running:
