@@ -120,7 +120,7 @@ class Cursor:
     next verification outcome and draft counters) in slot order, those still prefilling
     (`partials`), the requests sent to it and not yet admitted with their arrival times (FCFS),
     its free KV blocks, and `t`, the start of its next step (inf when idle). `advance(a)` plans
-    its steps that end before a, by the ordinary step's rules (`Replica.run`): the decoding
+    its steps that end before a, by the step rules (`sim.step`): the decoding
     sequences' KV reservation (preempting the youngest while it does not fit: `_victims`,
     `_preempt`), then the token budget left to the partial prefills in slot order and to the
     waiting requests FCFS (none after a preemption; chunked, or whole without chunked prefill), the step's price, the
@@ -599,7 +599,7 @@ class Cursor:
     def _victims(self, k: int, dec: list[int]) -> tuple[int, int, int, int, list[int], int, int]:
         """The youngest entries (the last in slot order) a step of depth k must preempt, one by
         one until the decoding sequences left fit their reservation in the free blocks and theirs
-        (`Replica.run`'s reservation loop), without preempting them yet: how many, how many of them
+        (`sim.step.reserve_decode`'s loop, over `reserve_need`), without preempting them yet: how many, how many of them
         were prefilling, the blocks and decoding contexts they free, the decoding entries left,
         and their q_v and reservation."""
         act = self.active
