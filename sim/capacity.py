@@ -115,7 +115,8 @@ def closed_loop_throughput(sc: Scenario, concurrency: int, seed: int, completion
     n = int(1.25 * (completions + 2 * concurrency))
     trace = sc.workload.replays_trace
     table = _lengths(sc, seed, n)
-    req, steps, _, _ = run_table(sc, rt, table, seed, concurrency=concurrency, backlog_limit=10**12)
+    out = run_table(sc, rt, table, seed, concurrency=concurrency, backlog_limit=10**12)
+    req, steps = out.requests, out.steps
     done = np.sort(req.completion_s.to_numpy(np.float64))
     k0 = min(n - 2, max(2 * concurrency, n // 5))
     t_a = float(done[k0])

@@ -4,6 +4,7 @@ The engine run itself (`run_table`, open or closed loop) is in `sim.run`; capaci
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -22,7 +23,7 @@ from sim.capacity import Capacity, baseline_of, capacity
 from sim.deployment import ReplicaRuntime, build_runtime
 from sim.fleet import default_warmup_s
 from sim.metrics import bench_metrics, intervals, replica_counts, replica_seconds, request_latencies, summarise
-from sim.run import run_table
+from sim.run import RunOutput, run_table
 from sim.scenario import MAX_REQUESTS, Scenario
 from sim.workload import LengthSampler, generate, think_mean
 
@@ -39,13 +40,15 @@ class Result:
     """One run: the scenario and seed, the requests table (one row per request, with its latencies
     `ttft_s`, `tpot_s`, `e2e_s`), the steps table (one row per engine step), the summary and the
     intervals table (one row per `[sim] interval_s`: latencies, throughput, replicas running, load;
-    docs/METRICS.md), computed when first read (a sweep point never reads it)."""
+    docs/METRICS.md), computed when first read (a sweep point never reads it), and the engine
+    run's record (`run`: the fleet timeline, autoscaler decisions, speculation switches, ...)."""
 
     scenario: Scenario
     seed: int
     requests: pd.DataFrame
     steps: pd.DataFrame
     summary: dict[str, Any]
+    run: RunOutput | None = field(default=None, repr=False, compare=False)
     intervals_of: Callable[[], pd.DataFrame] | None = field(default=None, repr=False, compare=False)
     _intervals: pd.DataFrame | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -129,27 +132,27 @@ def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False, w
     wl = sc.workload
     lag = None
     if wl.closed:
-        req, steps, truncated, t_end, end_s = run_closed(sc, rt, seed, progress=progress)
+        out = run_closed(sc, rt, seed, progress=progress)
+        assert out.window_end_s is not None
+        end_s = out.window_end_s
         loop = "closed"
     else:
         table = generate(wl, seed, rate)
         end_s = float(table.arrival_s.max()) if wl.num_requests else wl.duration_s
         if wl.max_concurrency is None:
-            req, steps, truncated, t_end = run_table(sc, rt, table, seed, backlog_limit=sc.sim.backlog_limit,
-                                                     progress=progress, replica_capacity_rps=replica_capacity(sc, rt),
-                                                     warmup_s=replica_warmup_s(sc),
-                                                     stop_on_slo=(wl.warmup_s, end_s, sc.slo.targets())
-                                                     if sc.sim.stop_on_slo_fail else None)
+            out = run_table(sc, rt, table, seed, backlog_limit=sc.sim.backlog_limit, progress=progress,
+                            replica_capacity_rps=replica_capacity(sc, rt), warmup_s=replica_warmup_s(sc),
+                            stop_on_slo=(wl.warmup_s, end_s, sc.slo.targets()) if sc.sim.stop_on_slo_fail else None)
             loop = "open"
         else:  # vllm bench serve --request-rate R --max-concurrency N: a send waits for a free client
-            req, steps, truncated, t_end = run_table(sc, rt, table, seed, concurrency=wl.max_concurrency,
-                                                     gate_arrivals=True, progress=progress)
-            due = table.set_index("id").arrival_s.reindex(req.id).to_numpy(np.float64)
-            lag = req.arrival_s.to_numpy(np.float64) - due  # how long each request waited for a client
+            out = run_table(sc, rt, table, seed, concurrency=wl.max_concurrency, gate_arrivals=True, progress=progress)
+            due = table.set_index("id").arrival_s.reindex(out.requests.id).to_numpy(np.float64)
+            lag = out.requests.arrival_s.to_numpy(np.float64) - due  # how long each request waited for a client
             loop = "gated"
+    req, steps, truncated, t_end = out.requests, out.steps, out.truncated, out.horizon_s
     warm = wl.warmup_s  # never clamped: a run whose arrivals all fall in warm-up is 'insufficient'
     peak = peak_flops(rt.cost.gpu, rt.cost.weights)
-    early = req.attrs.get("stopped_early")
+    early = out.stopped_early
     if early is not None:  # stopped once its SLO was certain to fail: figures over the part simulated
         end_s = max(warm, min(end_s, float(early["at_s"])))
     s = summarise(req, steps, warmup_s=warm, end_s=end_s, replicas=rt.num_replicas,
@@ -157,7 +160,7 @@ def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False, w
                   slo=sc.slo.targets(), truncated=truncated, horizon_s=t_end,
                   loop=loop, concurrency=wl.concurrency or wl.max_concurrency, send_lag_s=lag)
     s["loop"] = loop
-    s.update(_fleet_summary(sc, rt, req, s, end_s))
+    s.update(_fleet_summary(sc, rt, out, s, end_s))
     if early is not None:
         s = _stopped(s, early)
     s["concurrency"] = wl.concurrency if wl.closed else wl.max_concurrency
@@ -166,7 +169,7 @@ def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False, w
     s["benchmark"] = {**bench_metrics(req, steps), "max_concurrency": s["concurrency"],
                       "request_rate": rate if rate is not None and not wl.closed else float("inf")}
     s.update(_economics(sc, rt, req, s))
-    s["rejected_requests"] = int(req.attrs.get("rejected", 0))
+    s["rejected_requests"] = int(out.rejected)
     s["engine_profile"] = rt.engine  # the engine profile the step costs and scheduling came from
     s["num_replicas"] = rt.num_replicas
     s["kv_capacity_tokens"] = rt.plan.kv_capacity_tokens
@@ -179,12 +182,12 @@ def simulate(sc: Scenario, seed: int | None = None, *, progress: bool = False, w
     s["versions"] = versions()
     cap = replica_capacity(sc, rt)
     iv = functools.partial(intervals, req, steps, interval_s=sc.sim.interval_s, end_s=end_s, replicas=rt.num_replicas,
-                           gpus_per_replica=rt.gpus_per_replica, timeline=req.attrs.get("fleet"),
+                           gpus_per_replica=rt.gpus_per_replica, timeline=out.fleet,
                            replica_capacity_rps=cap if cap is not None else float("nan"), slo=sc.slo.targets())
     lat = request_latencies(req)  # the latencies behind the summary's percentiles, per request
     for col in LATENCY_COLUMNS:
         req[col] = lat[col].to_numpy(np.float64)
-    return Result(sc, seed, req, steps, s, iv)
+    return Result(sc, seed, req, steps, s, out, iv)
 
 
 def _stopped(s: dict[str, Any], early: dict[str, Any]) -> dict[str, Any]:
@@ -235,13 +238,13 @@ def replica_warmup_s(sc: Scenario) -> float:
     return default_warmup_s(total)
 
 
-def _fleet_summary(sc: Scenario, rt: ReplicaRuntime, req: pd.DataFrame, s: dict[str, Any],
+def _fleet_summary(sc: Scenario, rt: ReplicaRuntime, run: RunOutput, s: dict[str, Any],
                    end_s: float) -> dict[str, Any]:
     """Replicas and GPU-hours over the day [0, end_s) (the replicas actually running: warming,
     live or draining), and, for a time-varying run, its verdict: the trend tests of a stationary
     run do not apply to a rate that moves on purpose, so it is judged by what is left unfinished
     (and the backlog limit), and the intervals table checks the SLO interval by interval."""
-    timeline = req.attrs.get("fleet")
+    timeline = run.fleet
     knots = replica_counts(timeline, rt.num_replicas)
     rep_s = float(replica_seconds(knots, 0.0, end_s))
     out: dict[str, Any] = {"autoscaled": sc.autoscale is not None}
@@ -263,7 +266,7 @@ def _fleet_summary(sc: Scenario, rt: ReplicaRuntime, req: pd.DataFrame, s: dict[
             scale = (end_s - warm) * rt.num_replicas / run_s
             for key in ("gpu_busy_fraction", "mfu", "hbm_bw_utilisation"):
                 out[key] = s[key] * scale
-    sw = req.attrs.get("follow_load")
+    sw = run.follow_load
     if sw is not None:
         out["follow_load_switches"] = int(sum(1 for a, b in itertools.pairwise(sw) if a[2] != b[2]))
     if time_varying(sc) and s["loop"] == "open":
@@ -294,9 +297,8 @@ def closed_pool(sc: Scenario, rt: ReplicaRuntime) -> int:
     return int(min(MAX_REQUESTS, 1.5 * rps * wl.duration_s + 2 * wl.concurrency + 64))
 
 
-def run_closed(sc: Scenario, rt: ReplicaRuntime, seed: int, *, progress: bool = False,
-               ) -> tuple[pd.DataFrame, pd.DataFrame, bool, float, float]:
-    """A closed loop (`arrival = "closed"`): (requests, steps, truncated, horizon, window end).
+def run_closed(sc: Scenario, rt: ReplicaRuntime, seed: int, *, progress: bool = False) -> RunOutput:
+    """A closed loop (`arrival = "closed"`): its `RunOutput`, with the window's end (`window_end_s`).
 
     Sized by `num_requests`, the clients send them all and the window ends at the last send (after
     it the population shrinks). Sized by `duration_s`, the clients send until duration_s from a
@@ -311,9 +313,9 @@ def run_closed(sc: Scenario, rt: ReplicaRuntime, seed: int, *, progress: bool = 
     while True:
         table = generate(wl, seed, None, pool=pool)
         think = table.think_s.to_numpy() if "think_s" in table else None
-        req, steps, truncated, t_end = run_table(
-            sc, rt, table, seed, concurrency=wl.concurrency, think_s=think, progress=progress,
-            send_until_s=None if pool is None else wl.duration_s)
+        out = run_table(sc, rt, table, seed, concurrency=wl.concurrency, think_s=think, progress=progress,
+                        send_until_s=None if pool is None else wl.duration_s)
+        req = out.requests
         sent = req.arrival_s.notna().to_numpy()
         if pool is None or not sent.all() or len(table) < pool or pool >= MAX_REQUESTS:
             break
@@ -323,10 +325,10 @@ def run_closed(sc: Scenario, rt: ReplicaRuntime, seed: int, *, progress: bool = 
         end_s = wl.duration_s  # N clients were busy (or thinking) right up to duration_s
         reached = int(req.id.to_numpy()[sent].max()) + 1  # the pool's requests the clients got to
         req = req[sent].reset_index(drop=True)
-        req.attrs["rejected"] = reached - len(req)  # too long for the deployment, skipped (as vLLM rejects)
-    else:
-        end_s = last_send
-    return req, steps, truncated, t_end, end_s
+        # the pool's requests the clients got to but never sent: too long for the deployment,
+        # skipped (as vLLM rejects)
+        return dataclasses.replace(out, requests=req, rejected=reached - len(req), window_end_s=end_s)
+    return dataclasses.replace(out, window_end_s=last_send)
 
 
 def _economics(sc: Scenario, rt: ReplicaRuntime, req: pd.DataFrame, s: dict[str, Any]) -> dict[str, Any]:
