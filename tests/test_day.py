@@ -17,8 +17,8 @@ from scipy import stats
 from models.errors import ConfigError
 from sim.capacity import capacity
 from sim.scenario import scenario_from_dict
-from sim.simulate import simulate
 from sim.workload import generate, profile_integral, profile_rate
+from specrack import simulate
 
 DAY_S = 600.0
 

@@ -18,8 +18,9 @@ from models.cost import ServiceTimeCost
 from models.memory import BLOCK_SIZE
 from sim.deployment import build_runtime
 from sim.scenario import load_scenario
-from sim.simulate import run_table, simulate
+from sim.simulate import run_table
 from sim.workload import generate
+from specrack import simulate
 
 # ----------------------------------------------------------------------------- helpers
 

@@ -18,7 +18,7 @@ from models.errors import ConfigError
 from sim.deployment import build_runtime
 from sim.engine import Replica, Requests, StepLog
 from sim.metrics import expand_steps
-from sim.simulate import simulate
+from specrack import simulate
 
 
 def _run(make_scenario, engine: str, *, rate: float = 3.0, duration: float = 60.0, **dep):

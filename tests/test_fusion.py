@@ -18,7 +18,7 @@ from sim.deployment import build_runtime
 from sim.metrics import expand_steps
 from sim.run import run_table
 from sim.scenario import scenario_from_dict
-from sim.simulate import simulate
+from specrack import simulate
 
 RTOL = 1e-9
 

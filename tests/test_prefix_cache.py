@@ -19,8 +19,8 @@ from sim.deployment import build_runtime
 from sim.engine import Replica
 from sim.prefix_cache import PrefixCache
 from sim.run import _route, run_table
-from sim.simulate import simulate
 from sim.workload import generate
+from specrack import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT.parent / "shared" / "data" / "traces" / "mooncake" / "conversation_trace.jsonl"

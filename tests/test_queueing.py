@@ -21,8 +21,9 @@ import pytest
 
 from models.cost import ServiceTimeCost
 from sim.deployment import build_runtime
-from sim.simulate import run_table, simulate
+from sim.simulate import run_table
 from sim.workload import generate
+from specrack import simulate
 
 SERVICE_S = 0.5
 SEEDS = range(10)

@@ -15,8 +15,9 @@ from models.errors import ConfigError
 from sim.capacity import closed_loop_throughput, ladder, measure_capacity
 from sim.deployment import build_runtime
 from sim.scenario import load_scenario
-from sim.simulate import capacity, run_table, simulate
+from sim.simulate import capacity, run_table
 from sim.workload import generate
+from specrack import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 MIX = ROOT / "experiments" / "scenarios" / "default-mix.toml"
