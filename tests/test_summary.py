@@ -9,10 +9,11 @@ import pytest
 
 import specrack
 from sim.capacity import DEFAULT_STORE, CapacityStore, capacity_for, capacity_key, needs_capacity
+from sim.metrics import Stability
 from sim.run import RunOutput
 from sim.scenario import Scenario, scenario_from_dict
 from sim.simulate import simulate
-from sim.summary import LAYOUT, OWNER, assemble
+from sim.summary import LAYOUT, OWNER, assemble, slo_section, verdict_section
 
 
 def test_a_key_written_by_two_sections_raises() -> None:
@@ -33,6 +34,27 @@ def test_the_summary_follows_the_layout_whatever_order_the_sections_come_in() ->
     assert list(got) == ["ttft_s", "verdict", "slo_met", "seed"]
     owners = [sec for sec, _ in LAYOUT]
     assert set(OWNER.values()) == set(owners)  # every section of the layout owns a key
+
+
+def test_the_verdict_is_decided_once_from_all_its_inputs() -> None:
+    """The stability test's verdict, unless the rate varies on purpose (then the work left
+    unfinished decides), unless the run stopped on a certain SLO failure (then 'unjudged', failed)."""
+    judged = Stability({"backlog": 0, "judged_requests": 500}, "overloaded", ["TTFT grew by 3.00 s over the window"])
+    slo = {"ttft_p99_s": {"target": 2.0, "value": 1.0, "met": True}}
+    v = verdict_section(judged, slo, truncated=False, time_varying_open=False, stopped_early=None)
+    assert v == {"verdict": "overloaded", "verdict_reason": "TTFT grew by 3.00 s over the window", "stable": False,
+                 "slo_met": False}
+    v = verdict_section(judged, slo, truncated=False, time_varying_open=True, stopped_early=None)
+    assert v["verdict"] == "stable" and v["slo_met"] and v["verdict_reason"].startswith("time-varying")
+    v = verdict_section(judged, slo, truncated=True, time_varying_open=True, stopped_early=None)
+    assert v["verdict"] == "overloaded" and v["verdict_reason"].startswith("stopped at the backlog limit")
+    early = {"at_s": 300.0, "target": "ttft_p99_s", "over": 12, "judged": 900, "needed": 11}
+    v = verdict_section(judged, slo, truncated=False, time_varying_open=True, stopped_early=early)
+    assert (v["verdict"], v["stable"], v["slo_met"]) == ("unjudged", False, False)
+    assert v["verdict_reason"].startswith("stopped at 300 s: 12 of the window's 900 requests already miss ttft_p99_s")
+    # the stopped target's figure was never reached: NaN, unmet
+    checks = slo_section({"ttft_s": {"p99": 1.0}}, {"ttft_p99_s": 2.0}, early)["slo"]
+    assert checks["ttft_p99_s"]["met"] is False and checks["ttft_p99_s"]["value"] != checks["ttft_p99_s"]["value"]
 
 
 def _small(**workload: object) -> Scenario:
