@@ -68,11 +68,11 @@ def example_scenario():
 def bench_point(n_requests: int, utilisation: float = 0.7) -> dict[str, Any]:
     sc = example_scenario().with_overrides({"workload.utilisation": utilisation, "workload.num_requests": n_requests,
                                             "workload.warmup_s": 0})
-    from sim.simulate import capacity
+    from sim.simulate import capacity_for
 
-    capacity(sc)  # measured once, outside the timing
+    cap = capacity_for(sc)  # measured once, outside the timing
     t = time.perf_counter()
-    res = simulate(sc)
+    res = simulate(sc, capacity=cap)
     wall = time.perf_counter() - t
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     steps = int(res.steps["count"].sum())  # engine steps (a fused run is one row of `count` steps)

@@ -105,11 +105,11 @@ def simulate_tables(sc: Scenario, point: LoadPoint, seed: int = 1) -> tuple[pd.D
     rt = build_runtime(sc)
     table = _table(point, seed)
     if point.max_concurrency:
-        req, steps, _, _ = run_table(sc, rt, table, seed, concurrency=point.max_concurrency, backlog_limit=10**12,
-                                     gate_arrivals=not math.isinf(point.request_rate))
+        out = run_table(sc, rt, table, seed, concurrency=point.max_concurrency, backlog_limit=10**12,
+                        gate_arrivals=not math.isinf(point.request_rate))
     else:
-        req, steps, _, _ = run_table(sc, rt, table, seed, backlog_limit=10**12, horizon_s=1e12)
-    return req, steps
+        out = run_table(sc, rt, table, seed, backlog_limit=10**12, horizon_s=1e12)
+    return out.requests, out.steps
 
 
 def with_factors(sc: Scenario, factors: dict[str, float]) -> Scenario:

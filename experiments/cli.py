@@ -104,7 +104,7 @@ def _load(a: argparse.Namespace):
 
 def _validate(a: argparse.Namespace) -> int:
     from sim.deployment import build_runtime, check_fits
-    from sim.simulate import closed_pool, offered_rate
+    from sim.simulate import capacity_for, closed_pool, offered_rate
     from sim.workload import generate
 
     sc = _load(a)
@@ -112,7 +112,7 @@ def _validate(a: argparse.Namespace) -> int:
     # the checks a run makes before its first step: the offered rate, the request table, lengths
     wl = sc.workload
     pool = closed_pool(sc, rt) if wl.closed and wl.num_requests is None else None
-    table = generate(wl, sc.seed, offered_rate(sc), pool=pool)
+    table = generate(wl, sc.seed, offered_rate(sc, capacity_for(sc)), pool=pool)
     check_fits(sc, rt, table.prompt_tokens.to_numpy(), table.output_tokens.to_numpy())
     print(f"{a.scenario}: ok ({sc.name}: {rt.num_replicas} replica(s) of {sc.deployment.model} TP{sc.deployment.tensor_parallel}"
           f" on {sc.rack.gpu}, KV {rt.plan.kv_capacity_tokens} tokens per replica)")
@@ -158,13 +158,13 @@ def _capacity(a: argparse.Namespace) -> int:
 
 
 def _run(a: argparse.Namespace) -> int:
-    from sim.simulate import simulate
+    from sim.simulate import capacity_for, simulate
 
     out_dir = Path(a.out)
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"--out {out_dir}: exists and is not a folder; name a folder (it is created if missing)")
     sc = _load(a)
-    res = simulate(sc, a.seed, progress=True, with_capacity=True)
+    res = simulate(sc, a.seed, capacity=capacity_for(sc, with_capacity=True), progress=True, with_capacity=True)
     if a.steps == "full":  # one row per engine step: fused runs of decode steps expanded
         from sim.metrics import expand_steps
 

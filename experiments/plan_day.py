@@ -130,7 +130,7 @@ def run_day(spec: Any, answer: pd.DataFrame, out: Path) -> tuple[pd.DataFrame, p
     """Per feasible strategy x GPU of the plan: the day on the autoscaled fleet (max replicas: the
     fixed rack's). Returns (day table, per-interval table); writes day.csv, day_intervals.csv, day.html."""
     from experiments.plan import _scenario, configured, row_config
-    from sim.simulate import simulate
+    from sim.simulate import capacity_for, simulate
 
     day: DaySpec = spec.day
     rows, ivs = [], []
@@ -147,7 +147,7 @@ def run_day(spec: Any, answer: pd.DataFrame, out: Path) -> tuple[pd.DataFrame, p
         auto.pop("initial_replicas", None)
         sc = sc.with_overrides({**day.workload, "sim.interval_s": day.interval_s, "autoscale": auto})
         for seed in day.seeds:
-            res = simulate(sc, seed)
+            res = simulate(sc, seed, capacity=capacity_for(sc))
             s, iv = res.summary, res.intervals
             assert iv is not None
             per_gpu = int(r.billed_gpus) / reps if reps else 0.0

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.sweep import _write_atomic
-from sim.capacity import Capacity, capacity, ladder, remember
+from sim.capacity import Capacity, capacity, capacity_for, ladder, remember
 from sim.capacity import capacity_key as _capacity_key
 from sim.scenario import Scenario
 from sim.simulate import simulate
@@ -39,12 +39,12 @@ def summary(sc: Scenario, seed: int, points: str | None) -> dict[str, Any]:
     """The run's summary (`simulate(sc, seed).summary`), from OUT/points when an earlier run of the
     plan finished it, else simulated and kept there."""
     if points is None:
-        return simulate(sc, seed).summary
+        return simulate(sc, seed, capacity=capacity_for(sc)).summary
     path = Path(points) / f"{SUMMARY_PREFIX}{sc.key()}-{seed}.json"
     d = _read(path)
     if d is not None and "summary" in d:
         return dict(d["summary"])
-    sm = simulate(sc, seed).summary
+    sm = simulate(sc, seed, capacity=capacity_for(sc)).summary
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_atomic(path, json.dumps({"seed": seed, "summary": sm}, default=float))
     return json.loads(json.dumps(sm, default=float))  # the same values a resumed run reads back

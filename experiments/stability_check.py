@@ -14,7 +14,7 @@ import itertools
 import pandas as pd
 
 from sim.scenario import load_scenario
-from sim.simulate import capacity, simulate
+from sim.simulate import capacity, capacity_for, simulate
 
 MULTIPLES = (0.5, 0.8, 0.9, 0.95, 1.05, 1.1, 1.2)
 
@@ -22,7 +22,7 @@ MULTIPLES = (0.5, 0.8, 0.9, 0.95, 1.05, 1.1, 1.2)
 def _point(path: str, mult: float, duration: float, arrival: str, seed: int, cap: float) -> dict[str, object]:
     sc = load_scenario(path, {"workload.rate_rps": mult * cap, "workload.duration_s": duration,
                               "workload.arrival": arrival})
-    s = simulate(sc, seed).summary
+    s = simulate(sc, seed, capacity=capacity_for(sc)).summary
     return {"multiple": mult, "duration_s": duration, "arrival": arrival, "seed": seed, "verdict": s["verdict"],
             "throughput_over_offered": s["throughput_rps"] / s["offered_rps"]}
 

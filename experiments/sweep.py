@@ -35,7 +35,7 @@ from models.errors import ConfigError
 from sim.capacity import Capacity, baseline_of, capacity_key, remember
 from sim.metrics import relaxation_s
 from sim.scenario import Scenario, load_scenario, read_toml
-from sim.simulate import capacity, flatten, simulate
+from sim.simulate import capacity, capacity_for, flatten, simulate
 
 KEY_PARAMS = {
     "model": ("deployment", "model"), "weights": ("deployment", "weights"), "kv_cache": ("deployment", "kv_cache"),
@@ -251,7 +251,7 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
            "seed": task["seed"], "point_key": task["key"]}
     try:
         sc = Scenario.model_validate(task["scenario"])
-        res = simulate(sc, task["seed"])
+        res = simulate(sc, task["seed"], capacity=capacity_for(sc))
         row.update(flatten(res.summary))
         for col, (sec, field) in KEY_PARAMS.items():
             row[col] = getattr(getattr(sc, sec), field)

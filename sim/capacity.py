@@ -115,7 +115,8 @@ def closed_loop_throughput(sc: Scenario, concurrency: int, seed: int, completion
     n = int(1.25 * (completions + 2 * concurrency))
     trace = sc.workload.replays_trace
     table = _lengths(sc, seed, n)
-    req, steps, _, _ = run_table(sc, rt, table, seed, concurrency=concurrency, backlog_limit=10**12)
+    out = run_table(sc, rt, table, seed, concurrency=concurrency, backlog_limit=10**12)
+    req, steps = out.requests, out.steps
     done = np.sort(req.completion_s.to_numpy(np.float64))
     k0 = min(n - 2, max(2 * concurrency, n // 5))
     t_a = float(done[k0])
@@ -234,34 +235,103 @@ def capacity_key(sc: Scenario, *, speculative: bool = False) -> str:
                        "method": METHOD_VERSION}, sort_keys=True)
 
 
+class CapacityStore:
+    """Capacities measured so far, by `capacity_key`: refined capacities, and ladders whose
+    collapse is not refined yet (their peak, an upper bound). A measurement is a pure function
+    of its key, so a store only saves time; whoever runs many scenarios (a sweep, a plan) owns
+    one and passes it where capacities are needed (`capacity_for`)."""
+
+    def __init__(self) -> None:
+        self.capacities: dict[str, Capacity] = {}
+        self.ladders: dict[str, Capacity] = {}
+
+    def ladder(self, sc: Scenario, *, speculative: bool = False) -> Capacity:
+        """`measure_ladder` of the deployment (speculation off unless `speculative`): the capacity
+        where the throughput does not collapse, else an upper bound on it (the peak)."""
+        key = capacity_key(sc, speculative=speculative)
+        if key in self.capacities:
+            return self.capacities[key]
+        if key not in self.ladders:
+            base = sc if speculative else baseline_of(sc)
+            self.ladders[key] = measure_ladder(base, base.seed)
+        return self.ladders[key]
+
+    def capacity(self, sc: Scenario, *, speculative: bool = False) -> Capacity:
+        """Capacity of the scenario's deployment with speculation off (the reference that
+        `utilisation` is relative to), or as given with `speculative=True` (its ladder kept too)."""
+        key = capacity_key(sc, speculative=speculative)
+        if key not in self.capacities:
+            base = sc if speculative else baseline_of(sc)
+            self.capacities[key] = refine(base, base.seed, self.ladder(sc, speculative=speculative))
+        return self.capacities[key]
+
+    def remember(self, key: str, cap: Capacity, *, is_ladder: bool = False) -> None:
+        """Keep a capacity (or, `is_ladder`, a ladder whose collapse is not yet refined) measured
+        elsewhere (a worker process, a plan's points folder)."""
+        if is_ladder and cap.upper_bound:
+            self.ladders[key] = cap
+        else:
+            self.capacities[key] = cap
+
+
+# The one process-level store left: experiments/ reaches it through `capacity`, `ladder` and
+# `remember` below (sweeps and plans fill it, then their runs read it through `capacity_for`).
+# To be removed once experiments/ owns and passes its own CapacityStore.
+DEFAULT_STORE = CapacityStore()
+
+
 def ladder(sc: Scenario, *, speculative: bool = False) -> Capacity:
-    """`measure_ladder` of the deployment (speculation off unless `speculative`): the capacity
-    where the throughput does not collapse, else an upper bound on it (the peak). Cached per
-    process by `capacity_key`."""
-    key = capacity_key(sc, speculative=speculative)
-    if key in _CAPACITY_CACHE:
-        return _CAPACITY_CACHE[key]
-    if key not in _LADDER_CACHE:
-        base = sc if speculative else baseline_of(sc)
-        _LADDER_CACHE[key] = measure_ladder(base, base.seed)
-    return _LADDER_CACHE[key]
+    """`CapacityStore.ladder` in DEFAULT_STORE."""
+    return DEFAULT_STORE.ladder(sc, speculative=speculative)
 
 
 def capacity(sc: Scenario, *, speculative: bool = False) -> Capacity:
-    """Capacity of the scenario's deployment with speculation off (the reference that
-    `utilisation` is relative to), or as given with `speculative=True`. Cached per process by
-    `capacity_key` (its ladder too)."""
-    key = capacity_key(sc, speculative=speculative)
-    if key not in _CAPACITY_CACHE:
-        base = sc if speculative else baseline_of(sc)
-        _CAPACITY_CACHE[key] = refine(base, base.seed, ladder(sc, speculative=speculative))
-    return _CAPACITY_CACHE[key]
+    """`CapacityStore.capacity` in DEFAULT_STORE."""
+    return DEFAULT_STORE.capacity(sc, speculative=speculative)
 
 
 def remember(key: str, cap: Capacity, *, is_ladder: bool = False) -> None:
-    """Keep a capacity (or, `is_ladder`, a ladder whose collapse is not yet refined) measured
-    elsewhere (a worker process) in this process's cache."""
-    if is_ladder and cap.upper_bound:
-        _LADDER_CACHE[key] = cap
-    else:
-        _CAPACITY_CACHE[key] = cap
+    """`CapacityStore.remember` in DEFAULT_STORE."""
+    DEFAULT_STORE.remember(key, cap, is_ladder=is_ladder)
+
+
+@dataclass(frozen=True)
+class RunCapacity:
+    """The capacities a run takes as input, measured before it (`capacity_for`): the
+    deployment's with speculation off (`baseline`: what `utilisation`, a target-utilisation
+    autoscaler and a follow-load policy are relative to) and, for the summary's capacity figures,
+    with speculation as configured (`speculative`; None without [speculative] or when not asked)."""
+
+    baseline: Capacity
+    speculative: Capacity | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        """The summary's capacity section (`capacity_rps`, ..., `speculative_capacity_rps`, ...)."""
+        out = self.baseline.as_dict()
+        if self.speculative is not None:
+            out.update(self.speculative.as_dict("speculative_"))
+        return out
+
+
+def needs_capacity(sc: Scenario) -> str | None:
+    """Why a run of the scenario needs its deployment's capacity, or None: a load set as
+    utilisation, a target-utilisation autoscaler or a follow-load speculation policy."""
+    wl, spec = sc.workload, sc.speculative
+    if wl.rate_rps is None and wl.utilisation is not None:
+        return f"workload.utilisation = {wl.utilisation:g}"
+    if sc.autoscale is not None and sc.autoscale.policy == "target_utilisation":
+        return "autoscale.policy = 'target_utilisation'"
+    if spec is not None and spec.policy == "follow_load":
+        return "speculative.policy = 'follow_load'"
+    return None
+
+
+def capacity_for(sc: Scenario, *, with_capacity: bool = False, store: CapacityStore | None = None) -> RunCapacity | None:
+    """What `sim.simulate.simulate(sc, ...)` takes as `capacity`, measured now or found in
+    `store` (default: DEFAULT_STORE): None when the run needs none. `with_capacity`: also the
+    figures for the summary's capacity section (speculation as configured too)."""
+    if not with_capacity and needs_capacity(sc) is None:
+        return None
+    st = DEFAULT_STORE if store is None else store
+    spec = st.capacity(sc, speculative=True) if with_capacity and sc.speculative is not None else None
+    return RunCapacity(st.capacity(sc), spec)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,9 +16,8 @@ from models.hf_config import load_config
 from models.memory import MemoryPlan, plan_memory
 from models.quality import Retraining, default_retrain_gpu_hours, distill_quality, quant_quality
 from models.speculative import DraftShape, depth_factors
-
-if TYPE_CHECKING:
-    from sim.scenario import Scenario
+from sim.schema import Empirical, Fixed, LogNormal, ScenarioSpec
+from sim.traces import empirical_lengths, load_rate_csv, load_trace, trace_rate_rps
 
 MAX_MODEL_LEN = 131072  # Llama-3.1 / Qwen2.5 context length; requests longer are rejected
 
@@ -146,14 +144,14 @@ class ReplicaRuntime:
     prefix_caching: bool = False  # keep and reuse full KV blocks of requests that carry block hashes
 
 
-def target_model(sc: Scenario) -> LLM:
+def target_model(sc: ScenarioSpec) -> LLM:
     """The deployment's model: from its config.json (`deployment.model_config`, in Python
     `config_json`) or the catalogue."""
     dep = sc.deployment
     return load_config(dep.config_json, dep.model) if dep.config_json else get_model(dep.model)
 
 
-def _draft_model(sc: Scenario) -> LLM | None:
+def _draft_model(sc: ScenarioSpec) -> LLM | None:
     """The model each draft pass runs (None when nothing is drafted on the GPU)."""
     spec = sc.speculative
     if spec is None or spec.method in ("ngram", "suffix"):
@@ -174,12 +172,12 @@ def _draft_model(sc: Scenario) -> LLM | None:
     return get_model(spec.draft_model)
 
 
-def _shares_target(sc: Scenario) -> bool:
+def _shares_target(sc: ScenarioSpec) -> bool:
     """Self-speculation drafts with the target's own weights and KV cache: no extra memory."""
     return sc.speculative is not None and sc.speculative.method == "self_spec"
 
 
-def _draft_shape(sc: Scenario) -> DraftShape | None:
+def _draft_shape(sc: ScenarioSpec) -> DraftShape | None:
     spec = sc.speculative
     assert spec is not None
     if spec.acceptance_profile is None and spec.method != "tree":
@@ -189,21 +187,21 @@ def _draft_shape(sc: Scenario) -> DraftShape | None:
     return DraftShape(factors, branching, spec.tree_rank_decay)
 
 
-def _cost(sc: Scenario, model: LLM, gpu: GPU, tp: int, eff: Efficiency, *, target: bool) -> CostModel:
+def _cost(sc: ScenarioSpec, model: LLM, gpu: GPU, tp: int, eff: Efficiency, *, target: bool) -> CostModel:
     """A cost model with the deployment's formats and MoE settings (expert parallelism: the target's)."""
     dep = sc.deployment
     return CostModel(model, gpu, tp, dep.weights, dep.kv_cache, eff, moe_routing_skew=dep.moe_routing_skew,
                      expert_parallel=target and dep.expert_parallel)
 
 
-def gpus_per_replica(sc: Scenario) -> int:
+def gpus_per_replica(sc: ScenarioSpec) -> int:
     """GPUs one replica takes: its tensor-parallel group plus a dedicated draft's GPUs."""
     spec = sc.speculative
     draft = spec.draft_gpus if spec is not None and spec.placement == "dedicated" else 0
     return sc.deployment.tensor_parallel + draft
 
 
-def check_scenario(sc: Scenario) -> None:
+def check_scenario(sc: ScenarioSpec) -> None:
     """Cross-field checks that need the catalogues; raises ValueError (shown with its field)."""
     dep = sc.deployment
     target = target_model(sc)
@@ -280,8 +278,6 @@ def check_scenario(sc: Scenario) -> None:
         )
     prof = sc.workload.rate_profile
     if prof is not None and getattr(prof, "file", None):  # a CSV profile: read (and checked) at validation
-        from sim.traces import load_rate_csv
-
         try:
             load_rate_csv(prof.file)  # type: ignore[union-attr]
         except ConfigError as err:
@@ -316,13 +312,10 @@ def _length_limit(rt: ReplicaRuntime) -> str:
             "(more GPUs per replica, fp8 KV, higher gpu_memory_utilization)")
 
 
-def check_lengths(sc: Scenario, rt: ReplicaRuntime) -> None:
+def check_lengths(sc: ScenarioSpec, rt: ReplicaRuntime) -> None:
     """Requests longer than max_model_len are rejected at run time (as vLLM does); a workload
     whose typical request (fixed or median lengths, or every request of a trace) is too long
     would measure nothing, so it is an error at validation. Raises ValueError."""
-    from sim.scenario import Empirical, Fixed, LogNormal
-    from sim.traces import load_trace
-
     wl = sc.workload
     if wl.replays_trace and wl.trace:
         try:
@@ -330,8 +323,6 @@ def check_lengths(sc: Scenario, rt: ReplicaRuntime) -> None:
         except ConfigError as err:
             raise ValueError(f"workload.trace: {err}") from None
         if wl.rate_rps is not None:
-            from sim.traces import trace_rate_rps
-
             try:
                 trace_rate_rps(table)
             except ConfigError as err:
@@ -349,8 +340,6 @@ def check_lengths(sc: Scenario, rt: ReplicaRuntime) -> None:
         elif isinstance(d, LogNormal):
             typical.append((name, "median ", min(d.median, float(d.max))))
         elif isinstance(d, Empirical):
-            from sim.traces import empirical_lengths
-
             try:
                 values = empirical_lengths(d.trace, name, d.format)
             except ConfigError as err:
@@ -363,7 +352,7 @@ def check_lengths(sc: Scenario, rt: ReplicaRuntime) -> None:
                          f"tokens) > {_length_limit(rt)}")
 
 
-def check_fits(sc: Scenario, rt: ReplicaRuntime, prompt: np.ndarray, output: np.ndarray) -> None:
+def check_fits(sc: ScenarioSpec, rt: ReplicaRuntime, prompt: np.ndarray, output: np.ndarray) -> None:
     """At run time: when every request of the table is too long, a one-line ConfigError
     (nothing would be measured)."""
     total = np.asarray(prompt) + np.asarray(output)
@@ -372,7 +361,7 @@ def check_fits(sc: Scenario, rt: ReplicaRuntime, prompt: np.ndarray, output: np.
                           f"= {int(total.min())} tokens) > {_length_limit(rt)}")
 
 
-def build_runtime(sc: Scenario) -> ReplicaRuntime:
+def build_runtime(sc: ScenarioSpec) -> ReplicaRuntime:
     dep = sc.deployment
     gpu = get_gpu(sc.rack.gpu)
     eff = efficiency_for(gpu, dep.engine)

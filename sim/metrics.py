@@ -7,7 +7,7 @@ arriving in [warmup_s, end_s); step metrics use steps starting in that window.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -333,7 +333,18 @@ def _ttft_trend(m: pd.DataFrame, start_s: float, end_s: float) -> tuple[float, f
     return trend(np.bincount(which, weights=ttft, minlength=TREND_BATCHES) / counts)
 
 
-def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bool) -> dict[str, Any]:
+class Stability(NamedTuple):
+    """A stability test's outcome: its figures (the summary's stability keys: backlog, judged
+    requests, the trend statistics), and the verdict they give with the reasons behind it (the
+    summary's verdict is decided from it in `sim.summary.verdict_section`, with what else the
+    run knows: stopped early, a rate that varies on purpose)."""
+
+    figures: dict[str, Any]
+    verdict: str
+    reasons: list[str]
+
+
+def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bool) -> Stability:
     """The stability verdict of a run: 'stable', 'overloaded' or 'insufficient' (docs/METRICS.md).
 
     Overloaded: stopped early on the backlog limit, requests left unfinished at the horizon, or a
@@ -358,7 +369,7 @@ def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bo
     over_l = t_l > TREND_T and growth_l > max(TREND_REL * mean_l, 2.0)  # NaN compares False
     over_t = t_t > TREND_T and growth_t > max(TREND_REL * mean_t, 0.25)
     backlog = int((~done).sum())
-    reasons = _unfinished(truncated, backlog)
+    reasons = unfinished(truncated, backlog)
     if over_l:
         reasons.append(f"requests in system grew by {growth_l:.0f} over the window (mean {mean_l:.0f} in its first half)")
     if over_t:
@@ -374,12 +385,12 @@ def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bo
         reasons.append(f"only {len(m)} requests measured (at least {MIN_JUDGED_REQUESTS} needed to judge)")
     else:
         verdict = "stable"
-    return {"backlog": backlog, "judged_requests": len(m), "settle_s": settle, "in_system_mean": mean_l,
-            "in_system_growth": growth_l, "in_system_trend_t": t_l, "ttft_growth_s": growth_t, "ttft_trend_t": t_t,
-            "verdict": verdict, "verdict_reason": "; ".join(reasons), "stable": verdict == "stable"}
+    return Stability({"backlog": backlog, "judged_requests": len(m), "settle_s": settle, "in_system_mean": mean_l,
+                      "in_system_growth": growth_l, "in_system_trend_t": t_l, "ttft_growth_s": growth_t,
+                      "ttft_trend_t": t_t}, verdict, reasons)
 
 
-def _unfinished(truncated: bool, backlog: int) -> list[str]:
+def unfinished(truncated: bool, backlog: int) -> list[str]:
     """The overload reasons every verdict shares: stopped at the backlog limit, work left over."""
     reasons = ["stopped at the backlog limit"] if truncated else []
     if backlog:
@@ -388,9 +399,10 @@ def _unfinished(truncated: bool, backlog: int) -> list[str]:
 
 
 def closed_loop_stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bool,
-                          concurrency: int, send_lag_s: np.ndarray | None = None) -> dict[str, Any]:
+                          concurrency: int, send_lag_s: np.ndarray | None = None) -> Stability:
     """The verdict of a run whose clients cap the requests in system at `concurrency` (a closed
-    loop, or an open-loop stream behind max_concurrency), with the keys of `stability`.
+    loop, or an open-loop stream behind max_concurrency), with the figures of `stability` and the
+    wait for a free client's trend.
 
     The server's queue cannot grow: requests in system never exceed `concurrency`, so the
     open-loop trend tests have nothing to find. A closed loop is 'stable' (it measures what N
@@ -414,7 +426,7 @@ def closed_loop_stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, t
         if (counts > 0).all():
             growth_g, t_g, mean_g = trend(np.bincount(which, weights=lag, minlength=TREND_BATCHES) / counts)
     backlog = int((~done).sum())
-    reasons = _unfinished(truncated, backlog)
+    reasons = unfinished(truncated, backlog)
     if t_g > TREND_T and growth_g > max(TREND_REL * mean_g, 0.25):  # NaN compares False
         reasons.append(f"the wait for a free client (max_concurrency {concurrency}) grew by {growth_g:.2f} s over "
                        f"the window (mean {mean_g:.2f} s in its first half): the offered rate outruns the clients")
@@ -429,10 +441,9 @@ def closed_loop_stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, t
         reasons.append(f"at most {concurrency} requests in system by construction (mean {mean_l:.1f} over the "
                        "window): the queue cannot grow" + ("; the wait for a free client shows no upward trend"
                                                            if send_lag_s is not None else ""))
-    return {"backlog": backlog, "judged_requests": len(m), "settle_s": warmup_s, "in_system_mean": mean_l,
-            "in_system_growth": nan, "in_system_trend_t": nan, "ttft_growth_s": nan, "ttft_trend_t": nan,
-            "client_wait_growth_s": growth_g, "client_wait_trend_t": t_g,
-            "verdict": verdict, "verdict_reason": "; ".join(reasons), "stable": verdict == "stable"}
+    return Stability({"backlog": backlog, "judged_requests": len(m), "settle_s": warmup_s, "in_system_mean": mean_l,
+                      "in_system_growth": nan, "in_system_trend_t": nan, "ttft_growth_s": nan, "ttft_trend_t": nan,
+                      "client_wait_growth_s": growth_g, "client_wait_trend_t": t_g}, verdict, reasons)
 
 
 def slo_checks(s: dict[str, Any], targets: dict[str, float]) -> dict[str, dict[str, float | bool]]:
@@ -504,12 +515,12 @@ class SloWatch:
 
 def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s: float, replicas: int,
               gpus_per_replica: int, peak_flops: float, mem_bw: float, slo: dict[str, float],
-              truncated: bool, horizon_s: float, loop: str = "open", concurrency: int | None = None,
-              send_lag_s: np.ndarray | None = None) -> dict[str, Any]:
-    """The summary of one run (see docs/METRICS.md for every formula). `loop`: "open" (arrivals
-    at their times), "closed" (`concurrency` clients) or "gated" (open-loop arrivals behind
-    `concurrency` clients, each request having waited `send_lag_s` for one); the last two are
-    judged by `closed_loop_stability`."""
+              busy_scale: float | None = None) -> dict[str, Any]:
+    """The latency and throughput section of a run's summary (see docs/METRICS.md for every
+    formula): latencies, throughput, goodput, GPU busy share, MFU and HBM bandwidth use, batch,
+    speculation and prefix-caching figures over the window [warmup_s, end_s). `busy_scale`: the
+    busy shares' correction when fewer replicas ran than the rack holds (an autoscaled run:
+    `sim.summary.fleet_section`), None for every replica running throughout."""
     window = max(end_s - warmup_s, 1e-9)
     lat = request_latencies(req)
     meas = (req.arrival_s >= warmup_s) & (req.arrival_s < end_s)
@@ -563,6 +574,9 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     gpu_time = window * replicas * gpus_per_replica  # step FLOPs and bytes are per replica, all its GPUs
     s["mfu"] = float(st_col("flops").sum()) / (gpu_time * peak_flops)
     s["hbm_bw_utilisation"] = float(st_col("bytes").sum()) / (gpu_time * mem_bw)
+    if busy_scale is not None:  # over the replicas actually running in the window
+        for key in ("gpu_busy_fraction", "mfu", "hbm_bw_utilisation"):
+            s[key] = s[key] * busy_scale
     s["mean_batch_size"] = float((st_col("batch_size") * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0
     del dur
     s["preemptions"] = int(req.preemptions[meas].sum())
@@ -578,16 +592,6 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
                                                                    "gap_step_s") if c in steps.columns)))
     if "cached_tokens" in req.columns:
         s.update(prefix_cache_metrics(req[meas], lat[meas]))
-    if loop == "open":
-        s.update(stability(req, warmup_s=warmup_s, end_s=end_s, truncated=truncated))
-    else:
-        assert concurrency is not None
-        s.update(closed_loop_stability(req, warmup_s=warmup_s, end_s=end_s, truncated=truncated,
-                                       concurrency=concurrency, send_lag_s=send_lag_s if loop == "gated" else None))
-    s["truncated"] = bool(truncated)
-    s["horizon_s"] = float(horizon_s)
-    s["slo"] = slo_checks(s, slo)
-    s["slo_met"] = bool(s["stable"] and all(c["met"] for c in s["slo"].values()))
     return s
 
 

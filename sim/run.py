@@ -16,6 +16,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Generator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,32 @@ from sim.tables import STEP_INT_COLUMNS, Requests, StepLog
 from sim.workload import streams
 
 GC_YOUNG_THRESHOLD = 20_000  # allocations between collections of the GC's youngest generation during a run
+
+
+@dataclass(frozen=True, eq=False)
+class RunOutput:
+    """What one engine run returns (`run_table`): the request table (one row per request of the
+    table that fitted the deployment) and the step table (one row per engine step, or per run of
+    fused decode steps), whether the run stopped at the backlog limit (`truncated`), the simulated
+    time it ended at (`horizon_s`), the requests rejected as too long for the deployment, and
+    what the run's processes recorded: the certain SLO failure it stopped at (`stopped_early`:
+    `SloWatch.failed`'s answer), the fleet's state changes (`fleet`: rows of time, replica, state
+    code; `sim.fleet`), the autoscaler's decisions (`autoscale`: time, signal, desired, live
+    after) and the follow-load speculation switches (`follow_load`: time, load, speculating
+    after); each None when the run had no such process. `window_end_s`: the end of the metric
+    window when the run itself decides it (a closed loop sized by duration: `run_closed`), else
+    None."""
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    truncated: bool
+    horizon_s: float
+    rejected: int = 0
+    stopped_early: dict[str, Any] | None = None
+    fleet: list[tuple[float, int, int]] | None = None
+    autoscale: list[tuple[float, float, int, int]] | None = None
+    follow_load: list[tuple[float, float, bool]] | None = None
+    window_end_s: float | None = None
 
 
 def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica], router: str,
@@ -204,8 +231,9 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
               think_s: np.ndarray | None = None, gate_arrivals: bool = False,
               send_until_s: float | None = None, replica_capacity_rps: float | None = None,
               warmup_s: float = 0.0,
-              stop_on_slo: tuple[float, float, dict[str, float]] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, bool, float]:
-    """Run the engine over a request table. Returns (requests, steps, truncated, horizon).
+              stop_on_slo: tuple[float, float, dict[str, float]] | None = None) -> RunOutput:
+    """Run the engine over a request table. Returns its `RunOutput` (requests, steps, truncated,
+    horizon and what the run's processes recorded).
 
     Open loop (default): requests arrive at the table's `arrival_s`. Closed loop (`concurrency`
     given): the table's arrival times are ignored; `concurrency` clients send its requests in
@@ -217,13 +245,13 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     Open loop only: with `[autoscale]` the live replica set changes over time (`sim.fleet`; a new
     replica serves `warmup_s` after it is started), and with speculative.policy "follow_load"
     speculation switches with the load; both need `replica_capacity_rps` (the speculation-off
-    capacity of one replica). The fleet's state changes are in `requests.attrs["fleet"]` (rows of
-    time, replica, state code), the autoscaler's decisions in `attrs["autoscale"]`, the
-    speculation switches in `attrs["follow_load"]`.
+    capacity of one replica). The fleet's state changes are in `RunOutput.fleet` (rows of time,
+    replica, state code), the autoscaler's decisions in `RunOutput.autoscale`, the speculation
+    switches in `RunOutput.follow_load`.
 
     `stop_on_slo` (open loop only): (warmup_s, end_s, SLO targets) of the run's window; the run
     ends as soon as its SLO is certain to fail (`sim.metrics.SloWatch`), with what made it fail in
-    `requests.attrs["stopped_early"]`."""
+    `RunOutput.stopped_early`."""
     wl = sc.workload
     method = sc.speculative.acceptance_key if sc.speculative else "draft_model"
     means = np.array([c.acceptance_for(method) if sc.speculative else 0.0 for c in wl.classes])
@@ -362,18 +390,13 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         req_df["prefill_cached_tokens"] = reqs.prefill_cached
         req_df["prefill_computed_tokens"] = reqs.prefill_computed
         req_df["prefill_tokens"] = reqs.prefill_tokens
-    req_df.attrs["rejected"] = rejected
-    if failed is not None and failed.triggered:
-        req_df.attrs["stopped_early"] = failed.value
-    if fleet is not None:
-        req_df.attrs["fleet"] = fleet.timeline
-    if scaler is not None:
-        req_df.attrs["autoscale"] = scaler.decisions
-    if follow is not None:
-        req_df.attrs["follow_load"] = follow.switches
     # one array per column, built block by block (no second copy of the rows), and not copied again
     steps = pd.DataFrame(log.columns(STEP_INT_COLUMNS), copy=False)
-    return req_df, steps, truncated, float(env.now)
+    return RunOutput(req_df, steps, truncated, float(env.now), rejected=rejected,
+                     stopped_early=failed.value if failed is not None and failed.triggered else None,
+                     fleet=fleet.timeline if fleet is not None else None,
+                     autoscale=scaler.decisions if scaler is not None else None,
+                     follow_load=follow.switches if follow is not None else None)
 
 
 LATE = EventPriority(2)  # a SimPy event priority after URGENT (0) and NORMAL (1): processed after both at its instant

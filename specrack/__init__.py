@@ -12,7 +12,8 @@
 
 Runs and analyses:
     load_scenario(path, overrides) -> Scenario   read a scenario TOML, with dotted-key overrides
-    simulate(scenario, seed) -> Result           one run, a pure function (Result.write(folder) writes it)
+    simulate(scenario, seed) -> Result           one run, a pure function (Result.write(folder) writes it);
+                                                 the capacity it needs is measured first (or passed in)
     capacity(scenario, speculative=False) -> Capacity   the sustainable rate and its closed-loop curve
     sweep(path_or_spec, out=None, ...) -> DataFrame     a sweep file's results table
     plan(path_or_spec, ...) -> DataFrame         the ranked capacity plan (strategy x GPU)
@@ -48,12 +49,12 @@ if TYPE_CHECKING:
     from models.engines import PROFILES as PROFILES
     from models.errors import ConfigError as ConfigError
     from sim.capacity import Capacity as Capacity
+    from sim.capacity import CapacityStore, RunCapacity
     from sim.capacity import capacity as capacity
     from sim.scenario import Scenario as Scenario
     from sim.scenario import load_scenario as load_scenario
     from sim.simulate import Result as Result
     from sim.simulate import flatten as flatten
-    from sim.simulate import simulate as simulate
 
 __version__ = "0.1.0"
 
@@ -81,7 +82,7 @@ _LAZY = {
     "GPUS": "models.catalog", "MODELS": "models.catalog", "PROFILES": "models.engines",
     "ConfigError": "models.errors", "Capacity": "sim.capacity", "capacity": "sim.capacity",
     "Scenario": "sim.scenario", "load_scenario": "sim.scenario", "Result": "sim.simulate",
-    "flatten": "sim.simulate", "simulate": "sim.simulate", "calibrate": "experiments.calibrate_report",
+    "flatten": "sim.simulate", "calibrate": "experiments.calibrate_report",
     "builtin_strategies": "experiments.plan",
 }
 
@@ -96,6 +97,22 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
+
+
+def simulate(scenario: Scenario, seed: int | None = None, *, capacity: RunCapacity | None = None,
+             store: CapacityStore | None = None, progress: bool = False, with_capacity: bool = False) -> Result:
+    """Run one scenario with one seed (default: the scenario's) and return its Result: requests,
+    steps, summary, intervals; nothing written. The capacity the run needs (a load set as
+    `utilisation`, a target-utilisation autoscaler, a follow-load policy; with `with_capacity`
+    the summary's capacity figures) is measured first, here, unless passed as `capacity`
+    (`sim.capacity.capacity_for`); `store` (a `sim.capacity.CapacityStore`) keeps measurements
+    for the next call. Wraps sim.capacity.capacity_for and sim.simulate.simulate."""
+    from sim.capacity import capacity_for
+    from sim.simulate import simulate as run
+
+    if capacity is None:
+        capacity = capacity_for(scenario, with_capacity=with_capacity, store=store)
+    return run(scenario, seed, capacity=capacity, progress=progress, with_capacity=with_capacity)
 
 
 def sweep(spec: str | Path | SweepSpec | None = None, out: str | Path | None = None, *, quick: bool = False,

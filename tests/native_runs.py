@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 from models import _native  # noqa: E402
 from sim.capacity import closed_loop_throughput  # noqa: E402
 from sim.scenario import load_scenario  # noqa: E402
-from sim.simulate import simulate  # noqa: E402
+from specrack import simulate  # noqa: E402
 
 MIX = ROOT / "experiments" / "scenarios" / "default-mix.toml"
 SHORT = {"workload.duration_s": 40, "workload.warmup_s": 5}

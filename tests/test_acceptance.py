@@ -16,7 +16,7 @@ from experiments.acceptance import fit_source, fragment_toml, read_source
 from experiments.cli import main
 from models.acceptance_fit import Observations, fit, simulate_steps, step_pmf
 from sim.scenario import load_scenario, read_toml, scenario_from_dict
-from sim.simulate import simulate
+from specrack import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures" / "acceptance"

@@ -17,8 +17,8 @@ from helpers import one_line_error
 import sim.simulate as simulate_mod
 from experiments.cli import main
 from sim.metrics import bench_metrics, in_system
-from sim.simulate import simulate
 from sim.workload import STREAMS, generate, streams
+from specrack import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONC_SWEEP = ROOT / "experiments" / "sweeps" / "concurrency.toml"

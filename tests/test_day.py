@@ -17,8 +17,8 @@ from scipy import stats
 from models.errors import ConfigError
 from sim.capacity import capacity
 from sim.scenario import scenario_from_dict
-from sim.simulate import simulate
 from sim.workload import generate, profile_integral, profile_rate
+from specrack import simulate
 
 DAY_S = 600.0
 
@@ -161,7 +161,7 @@ def test_autoscaled_day_is_exact_under_fusion_and_deterministic(replica_cap: flo
     # GPU-hours are the replicas running integrated over the day, interval by interval
     assert fused.intervals.gpu_hours.sum() == pytest.approx(fused.summary["gpu_hours"], rel=1e-12)
     # the router never sent to a replica that was not live
-    tl = pd.DataFrame(fused.requests.attrs["fleet"], columns=["t", "replica", "state"])
+    tl = pd.DataFrame(fused.run.fleet, columns=["t", "replica", "state"])
     for _, r in fused.requests.sample(300, random_state=0).iterrows():
         ch = tl[(tl.replica == r.replica) & (tl.t <= r.arrival_s)]
         assert ch.state.iloc[-1] in (2, 3)  # live then (a draining one got it before it drained)
@@ -232,7 +232,7 @@ def test_queue_policy_scales_up_and_drains(replica_cap: float) -> None:
     res = simulate(scenario_from_dict(_day(1.7 * replica_cap, 0.2 * replica_cap, rack={"num_gpus": 8}, autoscale={
         "policy": "queue", "target": 48, "interval_s": 20.0, "replica_warmup_s": 30.0,
         "scale_down_window_s": 40.0})), 1)
-    states = [s for _, _, s in res.requests.attrs["fleet"]]
+    states = [s for _, _, s in res.run.fleet]
     assert 1 in states and 3 in states and 0 in states[2:]  # warmed up, drained, left
     assert res.summary["verdict"] == "stable" and res.requests.completion_s.notna().all()
 

@@ -18,8 +18,9 @@ from models.cost import ServiceTimeCost
 from models.memory import BLOCK_SIZE
 from sim.deployment import build_runtime
 from sim.scenario import load_scenario
-from sim.simulate import run_table, simulate
+from sim.simulate import run_table
 from sim.workload import generate
+from specrack import simulate
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -121,7 +122,8 @@ def test_invariants_on_random_workloads(w, make_scenario, time_limit):
     )
     rt = _shrink_kv(build_runtime(sc), w["num_blocks"])
     with time_limit(20):
-        req, steps, truncated, _ = run_table(sc, rt, w["table"], seed=5, backlog_limit=10**6)
+        out = run_table(sc, rt, w["table"], seed=5, backlog_limit=10**6)
+        req, steps, truncated = out.requests, out.steps, out.truncated
     assert not truncated
     check_invariants(req, steps, rt, w["table"])
     if w["spec"] is not None and w["spec"].get("policy", "fixed") == "fixed":
@@ -146,7 +148,8 @@ def test_full_kv_preempts_and_finishes(make_scenario, time_limit):
     table = table[table.prompt_tokens + table.output_tokens <= rt.max_model_len].reset_index(drop=True)
     t0 = time.perf_counter()
     with time_limit(30):
-        req, steps, truncated, _ = run_table(sc, rt, table, seed=2, backlog_limit=10**6)
+        out = run_table(sc, rt, table, seed=2, backlog_limit=10**6)
+        req, steps, truncated = out.requests, out.steps, out.truncated
     assert time.perf_counter() - t0 < 30
     assert not truncated
     check_invariants(req, steps, rt, table)
@@ -222,7 +225,8 @@ def test_a_run_ends_at_the_instant_of_its_last_completion(one_slot, arrival, out
     everything else due at that instant: a last completion at exactly a whole second ends the run
     there, whichever event was scheduled first (and however early the checks start)."""
     sc, rt = one_slot(1)
-    req, _, truncated, t_end = run_table(sc, rt, _table(arrival, [10] * len(arrival), output), seed=1)
+    out = run_table(sc, rt, _table(arrival, [10] * len(arrival), output), seed=1)
+    req, truncated, t_end = out.requests, out.truncated, out.horizon_s
     assert not truncated
     last = float(req.completion_s.max())
     assert last == int(last) and t_end == last
@@ -232,7 +236,8 @@ def test_hand_checked_step_log(one_slot):
     """Three one-token requests at 0.0, 1.0 (the instant the first step ends) and 1.5, one at a time."""
     sc, rt = one_slot(1)
     table = _table([0.0, 1.0, 1.5], [10, 10, 10], [1, 1, 1])
-    req, steps, truncated, _ = run_table(sc, rt, table, seed=1)
+    out = run_table(sc, rt, table, seed=1)
+    req, steps, truncated = out.requests, out.steps, out.truncated
     assert not truncated
     assert steps.start_s.tolist() == [0.0, 1.0, 2.0]
     assert steps.duration_s.tolist() == [1.0, 1.0, 1.0]
@@ -253,7 +258,8 @@ def test_arrival_at_step_end_joins_the_next_step(one_slot):
     a third one."""
     sc, rt = one_slot(2)
     table = _table([0.0, 1.0], [10, 10], [2, 1])
-    req, steps, _, _ = run_table(sc, rt, table, seed=1)
+    out = run_table(sc, rt, table, seed=1)
+    req, steps = out.requests, out.steps
     assert steps.start_s.tolist() == [0.0, 1.0]
     assert steps.batch_size.tolist() == [1, 2]
     assert steps.decode_seqs.tolist() == [0, 1]
@@ -267,7 +273,8 @@ def test_same_instant_arrivals_are_fcfs(one_slot):
     """Ties in arrival time keep table order (FCFS) on one replica."""
     sc, rt = one_slot(1)
     table = _table([0.0, 0.0, 0.0], [10, 10, 10], [1, 1, 1])
-    req, steps, _, _ = run_table(sc, rt, table, seed=1)
+    out = run_table(sc, rt, table, seed=1)
+    req, steps = out.requests, out.steps
     assert req.first_token_s.tolist() == [1.0, 2.0, 3.0]
     assert req.scheduled_s.tolist() == steps.start_s.tolist() == [0.0, 1.0, 2.0]
 

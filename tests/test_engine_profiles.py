@@ -18,8 +18,8 @@ from models.errors import ConfigError
 from sim.deployment import build_runtime
 from sim.engine import Replica
 from sim.metrics import expand_steps
-from sim.simulate import simulate
 from sim.tables import Requests, StepLog
+from specrack import simulate
 
 
 def _run(make_scenario, engine: str, *, rate: float = 3.0, duration: float = 60.0, **dep):

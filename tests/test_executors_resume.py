@@ -76,9 +76,9 @@ class CountingSimulate:
     def __init__(self) -> None:
         self.calls: list[tuple[str, int]] = []
 
-    def __call__(self, sc: Any, seed: int | None = None) -> Any:
+    def __call__(self, sc: Any, seed: int | None = None, **kw: Any) -> Any:
         self.calls.append((sc.key(), seed))
-        return REAL_SIMULATE(sc, seed)
+        return REAL_SIMULATE(sc, seed, **kw)
 
 
 # ----------------------------------------------------------------------------- shared runs

@@ -19,7 +19,7 @@ from sim.deployment import build_runtime
 from sim.metrics import expand_steps
 from sim.run import run_table
 from sim.scenario import scenario_from_dict
-from sim.simulate import simulate
+from specrack import simulate
 
 RTOL = 1e-9
 
@@ -212,9 +212,9 @@ def test_fused_equals_unfused_on_a_trace_like_table(make_scenario) -> None:
         for fuse in (True, False):
             s = sc.with_overrides({"sim.fuse_steps": fuse})
             res[fuse] = run_table(s, build_runtime(s), table, 1, **kw)
-        _same_requests(res[False][0], res[True][0])
-        _same_steps(res[False][1], res[True][1])
-        assert res[False][3] == pytest.approx(res[True][3], rel=RTOL)
+        _same_requests(res[False].requests, res[True].requests)
+        _same_steps(res[False].steps, res[True].steps)
+        assert res[False].horizon_s == pytest.approx(res[True].horizon_s, rel=RTOL)
 
 
 @pytest.fixture
@@ -790,7 +790,7 @@ def test_follow_load_speculation_fuses_exactly(spec_run_counter) -> None:
                 sim={"interval_s": 30.0})
     on = simulate(scenario_from_dict(data), 1)
     off = simulate(scenario_from_dict({**data, "sim": {**data["sim"], "fuse_steps": False}}), 1)
-    switches = on.requests.attrs.get("follow_load") or on.summary.get("speculation_switches")
+    switches = on.run.follow_load or on.summary.get("speculation_switches")
     assert spec_run_counter["steps"] > 0
     _same_requests(off.requests, on.requests)
     _same_steps(off.steps, on.steps)
@@ -853,10 +853,10 @@ def test_fused_equals_unfused_at_a_backlog_stop_while_another_replica_preempts(m
     for fuse in (True, False):
         s = sc.with_overrides({"sim.fuse_steps": fuse})
         res[fuse] = run_table(s, build_runtime(s), table, 1, backlog_limit=8)
-    assert res[False][2] and res[True][2]  # both stopped by the backlog
-    assert int(res[False][0].preemptions.sum()) > 0
-    _same_requests(res[False][0], res[True][0])
-    _same_steps(res[False][1], res[True][1])
+    assert res[False].truncated and res[True].truncated  # both stopped by the backlog
+    assert int(res[False].requests.preemptions.sum()) > 0
+    _same_requests(res[False].requests, res[True].requests)
+    _same_steps(res[False].steps, res[True].steps)
 
 
 @pytest.mark.parametrize("spec", [None, _DRAFT], ids=["plain", "draft"])

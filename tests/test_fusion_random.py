@@ -27,7 +27,7 @@ from test_fusion import _close, _same_requests, _same_steps
 
 from models.errors import ConfigError
 from sim.scenario import load_scenario
-from sim.simulate import simulate
+from specrack import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "data" / "traces"

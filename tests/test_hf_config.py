@@ -145,7 +145,7 @@ output_tokens = {{ dist = "fixed", value = 60 }}
 def test_a_config_not_in_the_catalogue_runs_end_to_end(tmp_path: Path) -> None:
     """A Qwen3-14B config.json (not in the catalogue) as target, relative to the scenario file,
     with a catalogue draft of its tokenizer family."""
-    from sim.simulate import simulate
+    from specrack import simulate
 
     cfg = {**_cfg("qwen3-8b"), "hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 40,
            "num_attention_heads": 40}  # Qwen/Qwen3-14B config.json

@@ -22,8 +22,8 @@ from experiments.cli import main
 from models.errors import ConfigError
 from sim.deployment import build_runtime, check_fits
 from sim.scenario import load_scenario, scenario_from_dict
-from sim.simulate import simulate
 from sim.workload import generate
+from specrack import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "experiments" / "scenarios"

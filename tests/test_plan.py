@@ -44,7 +44,8 @@ from experiments.plan import (
 )
 from models.errors import ConfigError
 from sim.scenario import Scenario, load_scenario
-from sim.simulate import capacity, simulate
+from sim.simulate import capacity
+from specrack import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "experiments" / "scenarios" / "default-mix.toml"

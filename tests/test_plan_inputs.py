@@ -21,8 +21,8 @@ from models.errors import ConfigError
 from models.quality import H100_BF16_FLOPS
 from sim.deployment import build_runtime
 from sim.scenario import load_scenario
-from sim.simulate import simulate
 from sim.workload import generate
+from specrack import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "experiments" / "scenarios" / "default-mix.toml"

@@ -20,8 +20,8 @@ from sim.engine import Replica
 from sim.prefix_cache import PrefixCache
 from sim.pricing import StepPricer
 from sim.run import _route, run_table
-from sim.simulate import simulate
 from sim.workload import generate
+from specrack import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT.parent / "shared" / "data" / "traces" / "mooncake" / "conversation_trace.jsonl"
@@ -75,20 +75,21 @@ def test_second_request_computes_only_what_is_not_cached(make_scenario) -> None:
     sc = make_scenario(sim={"drain_s": 100.0})
     rt = build_runtime(sc)
     table = _table([(0.0, 100, 1, [1, 2, 3, 4, 5, 6]), (1.0, 80, 1, [1, 2, 3, 7, 8])])
-    req, steps, _, _ = run_table(sc, rt, table, 1)
+    out = run_table(sc, rt, table, 1)
+    req, steps = out.requests, out.steps
     assert req.cached_tokens.tolist() == [0, 48] and req.prefill_computed_tokens.tolist() == [100, 32]
     assert steps.prefill_tokens.tolist() == [100.0, 32.0]
     pairs = 32 * 48 + 32 * 33 / 2.0  # new tokens x cached context + the causal triangle of the new ones
     assert steps.duration_s.iloc[1] == rt.cost.step_sums(1, 32.0, 48.0, pairs).total_s
     # without caching B computes all 80
     off = sc.with_overrides({"deployment.prefix_caching": False})
-    _, steps_off, _, _ = run_table(off, build_runtime(off), table, 1)
+    steps_off = run_table(off, build_runtime(off), table, 1).steps
     assert steps_off.prefill_tokens.tolist() == [100.0, 80.0]
 
 
 def test_a_fully_cached_prompt_still_computes_its_last_block(make_scenario) -> None:
     sc = make_scenario(sim={"drain_s": 100.0})
-    req, _, _, _ = run_table(sc, build_runtime(sc), _table([(0.0, 64, 1, [1, 2, 3, 4]), (1.0, 64, 1, [1, 2, 3, 4])]), 1)
+    req = run_table(sc, build_runtime(sc), _table([(0.0, 64, 1, [1, 2, 3, 4]), (1.0, 64, 1, [1, 2, 3, 4])]), 1).requests
     assert req.cached_tokens.tolist() == [0, 48] and req.prefill_computed_tokens.tolist() == [64, 16]
 
 
@@ -102,7 +103,7 @@ def test_eviction_is_lru_tail_first(make_scenario) -> None:
     a, b = [11, 12, 13, 14], [21, 22, 23, 24]
     table = _table([(0.0, 70, 1, a), (1.0, 70, 1, b), (2.0, 220, 1, list(range(31, 44))), (3.0, 70, 1, a),
                     (4.0, 70, 1, b)])
-    req, _, _, _ = run_table(sc, rt, table, 1)
+    req = run_table(sc, rt, table, 1).requests
     assert req.cached_tokens.tolist() == [0, 0, 0, 32, 32]
     assert (req.cached_tokens + req.prefill_computed_tokens == req.prompt_tokens).all()
 
@@ -169,7 +170,7 @@ def test_accounting_and_token_invariant_under_kv_pressure(make_scenario, monkeyp
                        sim={"drain_s": 1e4})
     rt = _with_pool(build_runtime(sc), 250)
     table = generate(sc.workload, 1, 5.0)
-    req, _, _, _ = run_table(sc, rt, table, 1)
+    req = run_table(sc, rt, table, 1).requests
     assert req.completion_s.notna().all()
     assert req.preemptions.sum() > 0 and audit.checks > 100 and audit.max_evictable > 0
     assert (req.prefill_cached_tokens + req.prefill_computed_tokens == req.prefill_tokens).all()
@@ -189,9 +190,9 @@ def test_no_hashes_or_caching_off_is_todays_engine(make_scenario) -> None:
     rt = build_runtime(sc)
     with_units = run_table(sc, rt, table, 1)
     without = run_table(sc, rt, table.drop(columns=["unit_keys", "unit_blocks"]), 1)
-    pd.testing.assert_frame_equal(with_units[0], without[0])
-    pd.testing.assert_frame_equal(with_units[1], without[1])
-    assert "cached_tokens" not in with_units[0] and "cache_hit_rate" not in simulate(sc, 1).summary
+    pd.testing.assert_frame_equal(with_units.requests, without.requests)
+    pd.testing.assert_frame_equal(with_units.steps, without.steps)
+    assert "cached_tokens" not in with_units.requests and "cache_hit_rate" not in simulate(sc, 1).summary
 
 
 # ----------------------------------------------------------------------------- conversations
@@ -347,11 +348,11 @@ def test_mooncake_hits_equal_the_hash_arithmetic(make_scenario) -> None:
     rt = build_runtime(sc)
     table = generate(sc.workload, 1, None)
     unbounded = dataclasses.replace(rt, plan=dataclasses.replace(rt.plan, num_blocks=10**9))
-    req, _, _, _ = run_table(sc, unbounded, table, 1, concurrency=1)
+    req = run_table(sc, unbounded, table, 1, concurrency=1).requests
     want = _arithmetic(n)
     assert want.sum() > 0.05 * req.prompt_tokens.sum()
     np.testing.assert_array_equal(req.cached_tokens.to_numpy(), want)
-    bounded, _, _, _ = run_table(sc, rt, table, 1, concurrency=1)
+    bounded = run_table(sc, rt, table, 1, concurrency=1).requests
     assert bounded.cached_tokens.sum() < 0.9 * want.sum()
     assert (bounded.prefill_cached_tokens + bounded.prefill_computed_tokens == bounded.prefill_tokens).all()
 
@@ -368,7 +369,7 @@ def test_mooncake_open_loop_replay_against_the_arithmetic(make_scenario) -> None
     rt = build_runtime(sc)
     table = generate(sc.workload, 1, 1.0)
     unbounded = dataclasses.replace(rt, plan=dataclasses.replace(rt.plan, num_blocks=10**9))
-    req, _, _, _ = run_table(sc, unbounded, table, 1)
+    req = run_table(sc, unbounded, table, 1).requests
     want = _arithmetic(len(req))
     got = req.cached_tokens.to_numpy()
     assert (got <= want).all() and got.sum() == pytest.approx(want.sum(), rel=0.01) and got.sum() < want.sum()

@@ -21,8 +21,9 @@ import pytest
 
 from models.cost import ServiceTimeCost
 from sim.deployment import build_runtime
-from sim.simulate import run_table, simulate
+from sim.simulate import run_table
 from sim.workload import generate
+from specrack import simulate
 
 SERVICE_S = 0.5
 SEEDS = range(10)
@@ -48,8 +49,9 @@ def single_server(make_scenario):
 def _run(sc, rt, rate: float, dist: str, seed: int):
     cost = ServiceTimeCost(rt.cost, SERVICE_S, dist, np.random.default_rng([seed, 7]))
     table = generate(sc.workload, seed, rate)
-    req, steps, truncated, _ = run_table(sc, dataclasses.replace(rt, cost=cost), table, seed,
-                                         backlog_limit=NO_BACKLOG_LIMIT)
+    out = run_table(sc, dataclasses.replace(rt, cost=cost), table, seed,
+                    backlog_limit=NO_BACKLOG_LIMIT)
+    req, steps, truncated = out.requests, out.steps, out.truncated
     assert not truncated
     assert req.completion_s.notna().all()
     return table, req, steps

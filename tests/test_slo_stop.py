@@ -14,7 +14,8 @@ import pytest
 from experiments.plan import evaluate
 from sim.metrics import SloWatch, request_latencies, slo_checks
 from sim.scenario import load_scenario
-from sim.simulate import capacity, simulate
+from sim.simulate import capacity
+from specrack import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 MIX = ROOT / "experiments" / "scenarios" / "default-mix.toml"

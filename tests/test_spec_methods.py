@@ -18,7 +18,7 @@ from models.errors import ConfigError
 from models.speculative import DraftShape, expected_tokens
 from sim.deployment import build_runtime
 from sim.scenario import Scenario, scenario_from_dict
-from sim.simulate import simulate
+from specrack import simulate
 
 ROOT_SWEEPS = Path(__file__).resolve().parents[1] / "experiments" / "sweeps"
 

@@ -17,7 +17,8 @@ from models.speculative import expected_tokens, improvement_factor
 from sim.deployment import build_runtime
 from sim.metrics import expand_steps
 from sim.scenario import Scenario, load_scenario, scenario_from_dict
-from sim.simulate import baseline_of, capacity, simulate
+from sim.simulate import baseline_of, capacity
+from specrack import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "experiments" / "scenarios"

@@ -62,11 +62,11 @@ class CountingSimulate:
         self.calls: list[tuple[str, int]] = []
         self.fail_if = fail_if
 
-    def __call__(self, sc: Any, seed: int | None = None) -> Any:
+    def __call__(self, sc: Any, seed: int | None = None, **kw: Any) -> Any:
         self.calls.append((sc.key(), seed))
         if self.fail_if is not None and self.fail_if(sc):
             raise RuntimeError("boom: injected failure")
-        return REAL_SIMULATE(sc, seed)
+        return REAL_SIMULATE(sc, seed, **kw)
 
 
 # ----------------------------------------------------------------------------- the built-in quick sweep

@@ -10,8 +10,8 @@ import pytest
 
 from models.errors import ConfigError
 from sim.scenario import load_scenario
-from sim.simulate import simulate
 from sim.workload import generate
+from specrack import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "experiments" / "scenarios" / "llama70b-h100x8.toml"

@@ -15,8 +15,9 @@ from models.errors import ConfigError
 from sim.capacity import closed_loop_throughput, ladder, measure_capacity
 from sim.deployment import build_runtime
 from sim.scenario import load_scenario
-from sim.simulate import capacity, run_table, simulate
+from sim.simulate import capacity, run_table
 from sim.workload import generate
+from specrack import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 MIX = ROOT / "experiments" / "scenarios" / "default-mix.toml"
@@ -140,7 +141,7 @@ def test_closed_loop_holds_the_population_and_obeys_the_response_time_law(make_s
     rt = build_runtime(sc)
     table = generate(sc.workload, 3, 1.0)
     think = np.random.default_rng(0).exponential(2.0, len(table))
-    req, _, _, _ = run_table(sc, rt, table, 3, concurrency=16, think_s=think, horizon_s=1e9)
+    req = run_table(sc, rt, table, 3, concurrency=16, think_s=think, horizon_s=1e9).requests
     assert req.completion_s.notna().all()
     a, c = req.arrival_s.to_numpy(), req.completion_s.to_numpy()
     t0, t1 = np.sort(c)[100], np.nanmax(a)
@@ -148,7 +149,7 @@ def test_closed_loop_holds_the_population_and_obeys_the_response_time_law(make_s
     x = inside.sum() / (t1 - t0)
     r = float((c - a)[inside].mean())
     assert x == pytest.approx(16 / (r + 2.0), rel=0.06)
-    req0, _, _, _ = run_table(sc, rt, table, 3, concurrency=16, horizon_s=1e9)
+    req0 = run_table(sc, rt, table, 3, concurrency=16, horizon_s=1e9).requests
     a0, c0 = req0.arrival_s.to_numpy(), req0.completion_s.to_numpy()
     ts = np.linspace(1.0, float(np.nanmax(a0)) - 1e-6, 50)
     in_sys = (a0[None, :] <= ts[:, None]).sum(1) - (c0[None, :] <= ts[:, None]).sum(1)

@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 
 from sim.scenario import Workload
-from sim.simulate import offered_rate, simulate
+from sim.simulate import capacity_for, offered_rate
 from sim.workload import LengthSampler, gamma_arrivals, generate, poisson_arrivals, streams
+from specrack import simulate
 
 SHORT = {"dist": "fixed", "value": 8}
 
@@ -149,9 +150,9 @@ def test_arrivals_identical_across_speculative_variants(example_short):
     spec = base.with_overrides({"speculative": {"method": "draft_model", "draft_model": "llama-3.2-1b",
                                                 "num_speculative_tokens": 3}})
     eagle = base.with_overrides({"speculative": {"method": "eagle", "num_speculative_tokens": 2}})
-    rate = offered_rate(base)
-    assert offered_rate(spec) == rate and offered_rate(eagle) == rate
-    tables = [generate(sc.workload, 3, offered_rate(sc)) for sc in (base, spec, eagle)]
+    rate = offered_rate(base, capacity_for(base))
+    assert offered_rate(spec, capacity_for(spec)) == rate and offered_rate(eagle, capacity_for(eagle)) == rate
+    tables = [generate(sc.workload, 3, offered_rate(sc, capacity_for(sc))) for sc in (base, spec, eagle)]
     for t in tables[1:]:
         pd.testing.assert_frame_equal(tables[0], t)
     # and end to end through simulate()
