@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 
 from models.speculative import expected_tokens
 from sim.deployment import ReplicaRuntime, SpecRuntime, build_runtime
+from sim.engine import Replica, Requests, StepLog
 from sim.scenario import Scenario
 from sim.simulate import baseline_of
 
@@ -29,8 +30,6 @@ def step_breakdown(sc: Scenario, batch_sizes: list[int] | np.ndarray, context: i
     """Per batch size: plain decode step time, and a speculating step's draft / verify / overhead
     time, with the tokens per second each yields at this acceptance (k from the scenario)."""
     rt, base_rt, spec = _runtimes(sc, "step_breakdown")
-    from sim.engine import Replica
-
     if Replica._general(spec):
         # trees, windowed self-drafts, suffix matches: the engine's own step code (fixed_batch_speedup)
         fb = fixed_batch_speedup(sc, batch_sizes, context, acceptance)
@@ -82,9 +81,6 @@ def fixed_batch_speedup(sc: Scenario, batch_sizes: list[int] | np.ndarray, conte
     (`Replica._spec_cost` with the method's verification plan), so it is exactly what a
     simulated step of that batch costs."""
     import simpy
-
-    from models.speculative import expected_tokens
-    from sim.engine import Replica, Requests, StepLog
 
     rt, base_rt, spec = _runtimes(sc, "fixed_batch_speedup")
     k = spec.k
