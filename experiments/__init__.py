@@ -5,10 +5,10 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from models.errors import unknown
+
 
 def _bundled(folder: str, kind: str, name: str) -> Path:
-    from models.errors import unknown
-
     root = Path(str(resources.files("experiments") / folder))
     stem = name.removesuffix(".toml")
     path = root / f"{stem}.toml"

@@ -43,8 +43,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from experiments.analysis import crossovers, speedups
+from experiments.report import speedup_chart
+from experiments.sweep import SweepSpec, Variant, run_sweep
 from models.acceptance_fit import MIN_DRAFTS, AcceptanceFit, Observations, fit
 from models.errors import ConfigError
+from models.speculative import beta_params
+from sim.scenario import load_scenario, parse_set
 
 V1 = "vllm:spec_decode_num_drafts"
 V1_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
@@ -489,9 +494,6 @@ def shift_sweep(base: Any, sources: list[tuple[str, list[AcceptanceFit]]], out: 
     """The scenario swept over utilisation with speculation at each source's fitted acceptance, and
     without (the reference), through the project's sweep machinery. Returns the runs, the
     speedups, each variant's crossover utilisation and the speculative table used."""
-    from experiments.analysis import crossovers, speedups
-    from experiments.sweep import SweepSpec, Variant, run_sweep
-
     if quick:
         base = base.with_overrides(QUICK["set"])
     spec_tbl = base.speculative.model_dump(mode="json", exclude_none=True) if base.speculative else dict(DEFAULT_SPECULATIVE)
@@ -519,8 +521,6 @@ def _beta_chart(sources: list[tuple[str, list[AcceptanceFit]]]) -> Any:
     import plotly.graph_objects as go
     from scipy import stats
 
-    from models.speculative import beta_params
-
     fig = go.Figure()
     x = np.linspace(0.001, 0.999, 400)
     dash = ("solid", "dash", "dot", "dashdot")
@@ -542,8 +542,6 @@ def _beta_chart(sources: list[tuple[str, list[AcceptanceFit]]]) -> Any:
 def write_shift_report(out: Path, sources: list[tuple[str, list[AcceptanceFit]]], shift: pd.DataFrame,
                        sp: pd.DataFrame, scenario_name: str, k: int) -> Path:
     import plotly.io as pio
-
-    from experiments.report import speedup_chart
 
     figs = [("acceptance", _beta_chart(sources)), ("speedup", speedup_chart(sp))]
     parts = [f'<section id="{n}">' + pio.to_html(f, include_plotlyjs=(i == 0), full_html=False, div_id=f"chart-{n}")
@@ -599,8 +597,6 @@ def _label(files: list[str], given: str | None) -> str:
 
 
 def main_acceptance(a: Any) -> int:
-    from sim.scenario import load_scenario, parse_set
-
     out = Path(a.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a folder; name a folder (it is created if missing)")

@@ -18,9 +18,11 @@ from typing import Any
 
 import simpy
 
+import models.speculative  # noqa: F401  (imports outside the timing)
 from models import _native
-from sim.scenario import load_scenario
-from sim.simulate import simulate
+from models.cost import CostModel
+from sim.scenario import load_scenario, scenario_from_dict
+from sim.simulate import capacity_for, simulate
 
 
 def bare_simpy_rate(n: int = 200_000) -> float:
@@ -41,8 +43,6 @@ def cost_model_us(batch: int = 256, calls: int = 20_000) -> dict[str, float]:
     """Microseconds per step-cost call for a mixed batch of `batch` sequences: the array form
     (`CostModel.step`, sums computed from per-sequence arrays) and the sums form the engine uses."""
     import numpy as np
-
-    from models.cost import CostModel
 
     cm = CostModel("llama-3.1-70b", "h100-sxm", 4)
     rng = np.random.default_rng(0)
@@ -68,8 +68,6 @@ def example_scenario():
 def bench_point(n_requests: int, utilisation: float = 0.7) -> dict[str, Any]:
     sc = example_scenario().with_overrides({"workload.utilisation": utilisation, "workload.num_requests": n_requests,
                                             "workload.warmup_s": 0})
-    from sim.simulate import capacity_for
-
     cap = capacity_for(sc)  # measured once, outside the timing
     t = time.perf_counter()
     res = simulate(sc, capacity=cap)
@@ -91,8 +89,6 @@ FUSION_WORKLOADS: dict[str, dict[str, Any]] = {
 
 
 def fusion_scenario(replicas: int, requests: int, spec: bool, fuse: bool):
-    from sim.scenario import scenario_from_dict
-
     d: dict[str, Any] = {
         "name": f"bench-{replicas}x{requests}{'-spec' if spec else ''}",
         "rack": {"gpu": "h100-sxm", "num_gpus": 4 * replicas},
@@ -109,8 +105,6 @@ def fusion_scenario(replicas: int, requests: int, spec: bool, fuse: bool):
 def _timed(args: tuple[int, int, bool, bool]) -> dict[str, Any]:
     """One run in this (forked) process: wall time, engine steps and step rows, peak RSS."""
     import scipy.stats  # noqa: F401
-
-    import models.speculative  # noqa: F401  (imports outside the timing)
 
     sc = fusion_scenario(*args)
     t = time.perf_counter()

@@ -41,9 +41,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from experiments.calibrate import LoadPoint
+from experiments.calibrate import LoadPoint, simulate_tables
 from models.catalog import MODELS
 from models.errors import ConfigError
+from sim.metrics import bench_metrics
 
 # keys every vLLM result file has (vllm/benchmarks/serve.py and benchmarks/benchmark_serving.py)
 VLLM_KEYS = ("request_rate", "duration", "completed")
@@ -373,9 +374,6 @@ def simulated_result(sc: Any, point: LoadPoint, seed: int = 1, noise: float = 0.
     latency after the first token, as in a real file), and the ITL aggregates are the
     simulator's pooled chunk gaps (bench_metrics); read back, a file's aggregates win, so the
     ITL figures a fit sees are the simulated ones."""
-    from experiments.calibrate import simulate_tables
-    from sim.metrics import bench_metrics
-
     req, steps = simulate_tables(sc, point, seed)
     rng = np.random.default_rng(noise_seed)
     req = req.sort_values("id")

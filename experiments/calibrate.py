@@ -42,9 +42,9 @@ from sim.workload import LengthSampler, streams
 FIT_METRICS = ("mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms", "mean_ttft_ms", "median_ttft_ms",
                "request_throughput", "output_throughput")
 # bounds and scales of the software factors in a fit
-_LO = {"step_overhead_s": 0.0, "layer_overhead_s": 0.0, "seq_overhead_s": 0.0, "frontend_s": 0.0, "draft_pass_overhead_s": 0.0}
-_HI = {"step_overhead_s": 0.03, "layer_overhead_s": 3e-4, "seq_overhead_s": 5e-4, "frontend_s": 1.0, "draft_pass_overhead_s": 0.01}
-_SCALE = {"step_overhead_s": 1e-3, "layer_overhead_s": 1e-5, "seq_overhead_s": 1e-5, "frontend_s": 1e-2, "draft_pass_overhead_s": 1e-3}
+SOFTWARE_LO = {"step_overhead_s": 0.0, "layer_overhead_s": 0.0, "seq_overhead_s": 0.0, "frontend_s": 0.0, "draft_pass_overhead_s": 0.0}
+SOFTWARE_HI = {"step_overhead_s": 0.03, "layer_overhead_s": 3e-4, "seq_overhead_s": 5e-4, "frontend_s": 1.0, "draft_pass_overhead_s": 0.01}
+SOFTWARE_SCALE = {"step_overhead_s": 1e-3, "layer_overhead_s": 1e-5, "seq_overhead_s": 1e-5, "frontend_s": 1e-2, "draft_pass_overhead_s": 1e-3}
 
 
 @dataclass(frozen=True)
@@ -164,15 +164,15 @@ def fit_software(sc: Scenario, points: Sequence[LoadPoint], fields: Sequence[str
         raise ConfigError(f"no measured figure to fit: each load point needs one of {', '.join(metrics)}")
     prof = get_profile(sc.deployment.engine).software
     x0 = np.array([(start or {}).get(f, prof[f]) for f in fields], dtype=np.float64)
-    lo = np.array([_LO[f] for f in fields])
-    hi = np.array([_HI[f] for f in fields])
+    lo = np.array([SOFTWARE_LO[f] for f in fields])
+    hi = np.array([SOFTWARE_HI[f] for f in fields])
 
     def resid(x: np.ndarray) -> np.ndarray:
         trial = with_factors(sc, dict(zip(fields, map(float, x), strict=True)))
         rows = compare(trial, points, seeds, metrics)
         return np.array([math.log(max(r["simulated"], 1e-12) / r["measured"]) for r in rows])
 
-    res = least_squares(resid, np.clip(x0, lo, hi), bounds=(lo, hi), x_scale=[_SCALE[f] for f in fields],
+    res = least_squares(resid, np.clip(x0, lo, hi), bounds=(lo, hi), x_scale=[SOFTWARE_SCALE[f] for f in fields],
                         diff_step=diff_step, ftol=tol, xtol=tol, max_nfev=max_nfev)
     factors = dict(zip(fields, map(float, res.x), strict=True))
     rows = compare(with_factors(sc, factors), points, seeds, metrics)

@@ -25,7 +25,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from experiments.benchfiles import THROUGHPUTS, read_benchmarks
+from experiments.benchfiles import THROUGHPUTS, guess_model, model_ids, read_benchmarks
 from experiments.calibrate import Fit, LoadPoint, compare, fit_software, with_factors
 from models.calibration import save_efficiency
 from models.catalog import MODELS
@@ -33,7 +33,7 @@ from models.cost import Efficiency
 from models.engines import SOFTWARE_FIELDS, get_profile
 from models.errors import ConfigError
 from sim.deployment import build_runtime
-from sim.scenario import Scenario, scenario_from_dict
+from sim.scenario import Scenario, apply_overrides, load_scenario, parse_set, scenario_from_dict
 
 PCTS = ("median", "p90", "p99")
 LATENCY_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL"}
@@ -292,9 +292,6 @@ def calibration_scenario(scenario: str | Path | None = None, *, model: str | Non
     """The one-replica deployment the benchmarks ran on: a scenario file's deployment and/or the
     flags (which win), dotted `overrides` on top; the model, when neither names it, guessed from
     the benchmark files' `model_id`. A benchmark drives one server, so the rack is one replica."""
-    from experiments.benchfiles import guess_model
-    from sim.scenario import apply_overrides, load_scenario
-
     if scenario is not None:
         data = load_scenario(scenario).model_dump(mode="json", exclude_none=True)
     else:
@@ -340,9 +337,6 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 def main_calibrate(a: Any) -> int:
     """`specrack calibrate BENCH...` (experiments.cli)."""
     import sys
-
-    from experiments.benchfiles import model_ids
-    from sim.scenario import parse_set
 
     out = Path(a.out)
     if out.exists() and not out.is_dir():

@@ -17,6 +17,8 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.images import check_images, image_formats, write_images
+from experiments.report import colour_of
 from models.errors import ConfigError
 
 # the figures aligned per kind: (column, label, unit scale)
@@ -218,8 +220,6 @@ def figures(runs: list[Run], table: pd.DataFrame) -> list[tuple[str, Any]]:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from experiments.report import colour_of
-
     dashes = ("solid", "dash", "dot", "dashdot", "longdash")
     patterns = ("", "/", "x", ".", "+")
     out = []
@@ -285,8 +285,6 @@ def terminal_text(table: pd.DataFrame) -> str:
 
 
 def main_compare(a: Any) -> int:
-    from experiments.images import check_images, image_formats, write_images
-
     formats = image_formats(a)
     if formats:
         check_images()  # before any work

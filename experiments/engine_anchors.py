@@ -15,7 +15,19 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from experiments.calibrate import LoadPoint, lengths_from
+from experiments.calibrate import (
+    SOFTWARE_HI,
+    SOFTWARE_LO,
+    SOFTWARE_SCALE,
+    LoadPoint,
+    compare,
+    lengths_from,
+    scenario_for,
+    with_factors,
+)
+from models.calibration import ANCHORS as STEP_ANCHORS
+from models.calibration import predict
+from models.engines import efficiency_for, get_profile
 from sim.scenario import LogNormal
 from sim.workload import LengthSampler
 
@@ -149,14 +161,10 @@ def anchors_of(profile: str, role: str = "fit") -> list[Anchor]:
 
 def step_anchors_of(profile: str) -> list[Any]:
     """The step-level anchors (models.calibration.ANCHORS) that belong to this profile."""
-    from models.calibration import ANCHORS as STEP
-
-    return [a for a in STEP if a.engine == profile]
+    return [a for a in STEP_ANCHORS if a.engine == profile]
 
 
 def _groups(anchors: list[Anchor]) -> list[tuple[Any, list[LoadPoint]]]:
-    from experiments.calibrate import scenario_for
-
     return [(scenario_for(a.profile, a.model, a.gpu, a.tp, **a.deployment), a.load_points()) for a in anchors]
 
 
@@ -165,10 +173,6 @@ def evaluate(profile: str, factors: dict[str, float], *, leave_out: str | None =
     """Rows (anchor point, figure, measured, simulated, error) for a profile at these software
     factors: its whole-system anchors simulated, and its step-level anchors predicted."""
     import dataclasses
-
-    from experiments.calibrate import compare, with_factors
-    from models.calibration import predict
-    from models.engines import efficiency_for
 
     rows: list[dict[str, Any]] = []
     for sc, pts in _groups(anchors if anchors is not None else anchors_of(profile)):
@@ -185,8 +189,6 @@ def evaluate(profile: str, factors: dict[str, float], *, leave_out: str | None =
 
 def current(profile: str) -> dict[str, float]:
     """The profile's committed software factors (held ones taken from their source profile)."""
-    from models.engines import get_profile
-
     soft = dict(get_profile(profile).software)
     for f, src in HELD_FROM.get(profile, {}).items():
         soft[f] = get_profile(src).software[f]
@@ -203,12 +205,10 @@ def fit_profile(profile: str, *, leave_out: str | None = None, start: dict[str, 
     import numpy as np
     from scipy.optimize import least_squares
 
-    from experiments.calibrate import _HI, _LO, _SCALE
-
     fields = FIT_FIELDS[profile]
     base = {**current(profile), **(held or {})}
     x0 = np.array([(start or base)[f] for f in fields])
-    lo, hi = np.array([_LO[f] for f in fields]), np.array([_HI[f] for f in fields])
+    lo, hi = np.array([SOFTWARE_LO[f] for f in fields]), np.array([SOFTWARE_HI[f] for f in fields])
 
     def factors(x: np.ndarray) -> dict[str, float]:
         return {**base, **dict(zip(fields, map(float, x), strict=True))}
@@ -217,7 +217,7 @@ def fit_profile(profile: str, *, leave_out: str | None = None, start: dict[str, 
         return np.array([math.log(max(r["simulated"], 1e-12) / r["measured"])
                          for r in evaluate(profile, factors(x), leave_out=leave_out)])
 
-    res = least_squares(resid, np.clip(x0, lo, hi), bounds=(lo, hi), x_scale=[_SCALE[f] for f in fields],
+    res = least_squares(resid, np.clip(x0, lo, hi), bounds=(lo, hi), x_scale=[SOFTWARE_SCALE[f] for f in fields],
                         diff_step=0.05, max_nfev=max_nfev)
     final = evaluate(profile, factors(res.x), leave_out=leave_out)
     return factors(res.x), float(np.mean([abs(r["error_pct"]) for r in final]))

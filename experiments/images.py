@@ -45,18 +45,6 @@ def write_images(figs: list[tuple[str, Any]], out: Path, formats: list[str], ste
     return paths
 
 
-def plan_images(out: Path, formats: list[str]) -> list[Path]:
-    """The plan report's figures, from the analyses' tables `specrack plan` wrote into OUT."""
-    import pandas as pd
-
-    from experiments.plan_report import plan_figures
-
-    tables = {k: pd.read_csv(out / f"{k}.csv") for k in ("plan", "configs", "curves", "map", "shift", "retraining",
-                                                          "sensitivity")
-              if (out / f"{k}.csv").is_file() and (out / f"{k}.csv").stat().st_size > 1}
-    return write_images(plan_figures(tables), out, formats, "report")
-
-
 def static_png(fig: Any, width: int = 1000, height: int | None = None) -> bytes | None:
     """The figure as PNG bytes through Kaleido, or None when Kaleido is missing or cannot run
     (no Chrome for Kaleido 1.x, say): callers then show the interactive figure only."""

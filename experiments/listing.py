@@ -6,12 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from experiments.planfile import builtin_strategies
+from experiments.sweep import load_sweep
+from models.catalog import GPUS, LLM, MODELS
+from models.engines import ALIASES, DEFAULT_PROFILE, PROFILES
 from models.errors import unknown
+from models.hf_config import USER_CATALOG, load_config, read_user_catalog
 
 
 def gpu_rows() -> list[dict[str, Any]]:
-    from models.catalog import GPUS
-
     return [{"name": g.name, "family": g.family, "hbm_gib": g.hbm_gib, "mem_bw_tb_s": g.mem_bw_bytes_s / 1e12,
              "bf16_tflops": g.bf16_flops / 1e12, "fp8_tflops": None if g.fp8_flops is None else g.fp8_flops / 1e12,
              "fp4_tflops": None if g.fp4_flops is None else g.fp4_flops / 1e12,
@@ -21,9 +24,6 @@ def gpu_rows() -> list[dict[str, Any]]:
 def model_rows() -> list[dict[str, Any]]:
     """The built-in catalogue, then the user catalogue of the working directory (./models.toml)."""
     from pathlib import Path
-
-    from models.catalog import LLM, MODELS
-    from models.hf_config import USER_CATALOG, load_config, read_user_catalog
 
     def row(m: LLM, where: str) -> dict[str, Any]:
         return {"name": m.name, "hf_id": m.hf_id, "params_b": m.params_total / 1e9, "active_params_b": m.params_active / 1e9,
@@ -43,9 +43,6 @@ def model_rows() -> list[dict[str, Any]]:
 
 def strategy_rows() -> list[dict[str, Any]]:
     """Every built-in strategy, with whether `specrack sweep` runs it (the default sweep's variants)."""
-    from experiments.plan import builtin_strategies
-    from experiments.sweep import load_sweep
-
     swept = {v.name for v in load_sweep(None, quick=True).variants}
     return [{"name": s.name, "set": s.overrides, "changes": _overrides_text(s.overrides) or "(the base scenario)",
              "default_sweep": s.name in swept}
@@ -53,8 +50,6 @@ def strategy_rows() -> list[dict[str, Any]]:
 
 
 def profile_rows() -> list[dict[str, Any]]:
-    from models.engines import ALIASES, DEFAULT_PROFILE, PROFILES
-
     rows = []
     for p in PROFILES.values():
         sch = p.scheduling

@@ -18,16 +18,9 @@ from pathlib import Path
 
 import plotly.io as pio
 
-from experiments.plan import (
-    acceptance_shift,
-    capacity_curves,
-    decision_map,
-    load_plan,
-    retraining_table,
-    run_plan,
-    winners,
-)
+from experiments.plan import load_plan, run_plan
 from experiments.plan_report import curves_chart, decision_map_chart, retraining_chart, shift_chart
+from experiments.plan_studies import acceptance_shift, capacity_curves, decision_map, retraining_table, winners
 
 
 def main() -> None:

@@ -21,12 +21,16 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
+from experiments.plan_racks import configured, row_config, scenario_for
+from experiments.planfile import DAY_KEYS, check_keys, num, table
+from experiments.report import timeseries_chart
 from models.catalog import get_gpu
 from models.errors import ConfigError
 from sim.scenario import Autoscale, CsvProfile, DiurnalProfile, _fmt_error
-from sim.traces import load_trace
+from sim.simulate import capacity_for, simulate
+from sim.traces import load_rate_csv, load_trace
+from sim.workload import profile_integral, profile_peak_rps
 
-DAY_KEYS = ("rate_profile", "trace", "trace_format", "autoscale", "interval_s", "seeds")
 DEFAULT_AUTOSCALE = {"policy": "target_utilisation", "target": 0.7}
 
 
@@ -53,17 +57,14 @@ class DaySpec:
 
 def parse_day(d: dict[str, Any], plan_dir: Path) -> DaySpec | None:
     """`[day]` of a plan file (None without one); one-line ConfigErrors naming `day.<key>`."""
-    from experiments.plan import _check_keys, _num, _table
-    from sim.workload import profile_integral, profile_peak_rps
-
-    t = dict(_table(d, "day"))
+    t = dict(table(d, "day"))
     if not t:
         return None
-    _check_keys(t, "day", DAY_KEYS)
+    check_keys(t, "day", DAY_KEYS)
     if ("rate_profile" in t) == ("trace" in t):
         raise ConfigError("day: set rate_profile = { shape = \"diurnal\", peak_rps = ..., trough_rps = ... } "
                           "(or shape = \"csv\", file = ...) or trace = '<path>', exactly one")
-    interval = _num(t, "interval_s", "day", 900.0, lo=0, lo_open=True)
+    interval = num(t, "interval_s", "day", 900.0, lo=0, lo_open=True)
     seeds = t.get("seeds", [1])
     if not isinstance(seeds, list) or not seeds or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
                                                           for x in seeds):
@@ -92,8 +93,6 @@ def parse_day(d: dict[str, Any], plan_dir: Path) -> DaySpec | None:
         if isinstance(prof, DiurnalProfile):
             dur = prof.day_s
         else:
-            from sim.traces import load_rate_csv
-
             starts, _ = load_rate_csv(prof.file)
             dur = float(starts[-1] + (starts[-1] - starts[-2] if starts.size > 1 else 3600.0))
         peak = profile_peak_rps(prof, dur)
@@ -129,9 +128,6 @@ def day_traffic(traffic: dict[str, Any], day: DaySpec) -> dict[str, Any]:
 def run_day(spec: Any, answer: pd.DataFrame, out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per feasible strategy x GPU of the plan: the day on the autoscaled fleet (max replicas: the
     fixed rack's). Returns (day table, per-interval table); writes day.csv, day_intervals.csv, day.html."""
-    from experiments.plan import _scenario, configured, row_config
-    from sim.simulate import capacity_for, simulate
-
     day: DaySpec = spec.day
     rows, ivs = [], []
     for _, r in answer.iterrows():
@@ -140,7 +136,7 @@ def run_day(spec: Any, answer: pd.DataFrame, out: Path) -> tuple[pd.DataFrame, p
         strat = next(s for s in spec.strategies if s.name == r.strategy)
         chosen = configured(strat, spec.base, row_config(r))
         reps = int(r.replicas)
-        sc = _scenario(spec.base, chosen, r.gpu, spec.prices, reps, None)
+        sc = scenario_for(spec.base, chosen, r.gpu, spec.prices, reps, None)
         price = sc.rack.usd_per_gpu_hour if sc.rack.usd_per_gpu_hour is not None else get_gpu(r.gpu).usd_per_gpu_hour
         auto = {**day.autoscale, "max_replicas": min(reps, int(day.autoscale.get("max_replicas", reps)))}
         auto["min_replicas"] = min(int(auto.get("min_replicas", 1)), auto["max_replicas"])
@@ -186,8 +182,6 @@ def print_day(day: DaySpec, table: pd.DataFrame) -> None:
 
 def write_day_report(day: DaySpec, table: pd.DataFrame, intervals_df: pd.DataFrame, path: Path) -> Path:
     """A self-contained page: the day's table and the time series (experiments.report.timeseries_chart)."""
-    from experiments.report import timeseries_chart
-
     parts = [f"<h1>The day: autoscaled vs the fixed rack sized for the peak</h1><p>{html.escape(day.describe())}</p>",
              table.to_html(index=False, float_format=lambda v: f"{v:,.3g}")]
     if len(intervals_df):

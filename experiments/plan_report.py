@@ -16,7 +16,8 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from experiments.plan import HEADROOM_TOL, HEADROOM_TOP
+from experiments.images import write_images
+from experiments.plan_headroom import HEADROOM_TOL, HEADROOM_TOP
 from experiments.report import colour_of, log_axis
 
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
@@ -445,3 +446,11 @@ figure is in plan.csv.</p>
     path = out / "report.html"
     path.write_text(doc)
     return path
+
+
+def plan_images(out: Path, formats: list[str]) -> list[Path]:
+    """The plan report's figures, from the analyses' tables `specrack plan` wrote into OUT."""
+    tables = {k: pd.read_csv(out / f"{k}.csv") for k in ("plan", "configs", "curves", "map", "shift", "retraining",
+                                                          "sensitivity")
+              if (out / f"{k}.csv").is_file() and (out / f"{k}.csv").stat().st_size > 1}
+    return write_images(plan_figures(tables), out, formats, "report")

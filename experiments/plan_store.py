@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from experiments.sweep import _write_atomic
+from experiments.pool import write_atomic
 from sim.capacity import Capacity, capacity, capacity_for, ladder, remember
 from sim.capacity import capacity_key as _capacity_key
 from sim.scenario import Scenario
@@ -46,7 +46,7 @@ def summary(sc: Scenario, seed: int, points: str | None) -> dict[str, Any]:
         return dict(d["summary"])
     sm = simulate(sc, seed, capacity=capacity_for(sc)).summary
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, json.dumps({"seed": seed, "summary": sm}, default=float))
+    write_atomic(path, json.dumps({"seed": seed, "summary": sm}, default=float))
     return json.loads(json.dumps(sm, default=float))  # the same values a resumed run reads back
 
 
@@ -62,7 +62,7 @@ def _kept(path: Path, key: str) -> Capacity | None:
 
 def _keep(path: Path, key: str, cap: Capacity) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, json.dumps({"key": key, "capacity": dataclasses.asdict(cap)}, default=float))
+    write_atomic(path, json.dumps({"key": key, "capacity": dataclasses.asdict(cap)}, default=float))
 
 
 def _path(points: str, prefix: str, key: str) -> Path:

@@ -19,6 +19,7 @@ import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from experiments.analysis import HEADLINE, SPEEDUP_METRICS, crossovers, load_axis
+from experiments.pairs import pair_lines, pair_speedups
 
 PALETTE = ("#1f77b4", "#d62728", "#ff7f0e", "#9467bd", "#2ca02c", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
 # one colour per strategy in every chart (sweep report, plan report, compare): the built-in
@@ -392,8 +393,6 @@ def report_figures(df: pd.DataFrame, sp: pd.DataFrame, *, spec: Any = None,
     if capacities and any(c.get("curve") for c in capacities.values()):
         figs.append(("capacity", capacity_chart(capacities)))
     if getattr(spec, "pairs", ()):  # each drafted model against its own undrafted target
-        from experiments.pairs import pair_speedups
-
         fig = speedup_chart(pair_speedups(df, spec.pairs, load_axis(df)), (HEADLINE,))
         fig.update_layout(title="Speculation within each model: TPOT speedup over its own reference (pairs)")
         figs.append(("pairs", fig))
@@ -413,8 +412,6 @@ def write_report(df: pd.DataFrame, sp: pd.DataFrame, out: str | Path, *, spec: A
     title = f"specrack sweep: {spec.name}" if spec else "specrack sweep"
     summary = "".join(f"<li>{html.escape(s)}</li>" for s in summary_text(df, sp, capacities))
     if getattr(spec, "pairs", ()):
-        from experiments.pairs import pair_lines
-
         summary += "<li>Speculation within each model (pairs): <ul>" + "".join(
             f"<li>{html.escape(s)}</li>" for s in pair_lines(df, spec.pairs, load_axis(df))) + "</ul></li>"
     setup = ""

@@ -19,8 +19,6 @@ import json
 import math
 import os
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -30,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from models import _native
+from experiments.pool import Progress, die_with_parent, write_atomic
 from models.errors import ConfigError
 from sim.capacity import Capacity, baseline_of, capacity_key, remember
 from sim.metrics import relaxation_s
@@ -239,7 +237,7 @@ def _pairs(p: Path, value: Any, names: list[str]) -> tuple[tuple[str, str], ...]
     return tuple(out)
 
 
-def _curve(cap: dict[str, Any]) -> list[Any]:
+def curve_rows(cap: dict[str, Any]) -> list[Any]:
     """The capacity curve rows of a variant's capacity figures (none for concurrency sweeps)."""
     curve = cap.get("curve", [])
     return list(curve) if isinstance(curve, (list, tuple)) else []
@@ -302,7 +300,7 @@ def plan_points(spec: SweepSpec, jobs: int | None = 1, pool: cf.Executor | None 
         return _tasks(spec, scs, ref_cap), {"_pending": {"futures": futs, "keys": keys, "ref": ref_cap}}
     workers = min(jobs or os.cpu_count() or 1, len(todo))
     if workers > 1:
-        with cf.ProcessPoolExecutor(max_workers=workers, initializer=_die_with_parent, initargs=(os.getpid(),)) as ex:
+        with cf.ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent, initargs=(os.getpid(),)) as ex:
             measured = dict(zip(todo, ex.map(_own_capacity, todo.values()), strict=True))
     else:
         measured = {k: _own_capacity(sc) for k, sc in todo.items()}
@@ -338,16 +336,6 @@ def finish_caps(spec: SweepSpec, caps: dict[str, Any]) -> dict[str, dict[str, An
     return _caps(spec, pending["keys"], measured, pending["ref"])
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file, flush it to disk, then rename: a point file is whole or absent."""
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 # a finished point's row holds at least these (anything less is a truncated or foreign file)
 POINT_COLUMNS = ("point_key", "variant", "utilisation", "seed", "error", "speculative_method", "speculative_policy",
                  "num_speculative_tokens", *KEY_PARAMS, "completed_requests", "offered_requests", "throughput_tok_s",
@@ -365,39 +353,6 @@ def _read_point(path: Path) -> dict[str, Any] | None:
     if row["point_key"] != path.name.removesuffix(".json") or row["error"] != "":
         return None
     return row
-
-
-class Progress:
-    """A one-line progress bar on stderr."""
-
-    def __init__(self, total: int, label: str) -> None:
-        self.total, self.done, self.label, self.t0 = total, 0, label, time.perf_counter()
-        self.enabled = total > 0
-
-    def step(self, n: int = 1) -> None:
-        self.done += n
-        if not self.enabled:
-            return
-        frac = self.done / self.total
-        el = time.perf_counter() - self.t0
-        eta = el / frac - el if frac > 0 else 0.0
-        bar = "#" * int(30 * frac)
-        sys.stderr.write(f"\r{self.label} [{bar:<30}] {self.done}/{self.total} {el:5.0f}s elapsed, ~{eta:4.0f}s left")
-        sys.stderr.flush()
-        if self.done == self.total:
-            sys.stderr.write("\n")
-
-
-def _die_with_parent(parent_pid: int, poll_s: float = 0.25) -> None:
-    """Process-pool initializer: end this worker as soon as the sweep's main process is gone
-    (killed with SIGKILL it cannot tell its workers; they would otherwise run on, orphaned)."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(poll_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 def check_out_dir(out: Path, flag: str = "--out") -> None:
@@ -418,7 +373,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, exec
     pool: cf.ProcessPoolExecutor | None = None
     if isinstance(executor, str) and executor == "process" and procs > 1 and not spec.concurrency:
         # one pool for the capacities and the points: the points start as soon as the reference's is known
-        pool = cf.ProcessPoolExecutor(max_workers=procs, initializer=_die_with_parent, initargs=(os.getpid(),))
+        pool = cf.ProcessPoolExecutor(max_workers=procs, initializer=die_with_parent, initargs=(os.getpid(),))
     try:
         return _run_sweep(spec, out, jobs=jobs, executor=executor, progress=progress, pool=pool)
     finally:
@@ -453,7 +408,7 @@ def _run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None, executor: 
             at = f"concurrency={row['concurrency']}" if row.get("concurrency") is not None else f"utilisation={row['utilisation']}"
             sys.stderr.write(f"\npoint failed: variant={row['variant']} {at} seed={row['seed']}: {row['error']}\n")
         else:
-            _write_atomic(pts / f"{row['point_key']}.json", json.dumps(row, default=float))
+            write_atomic(pts / f"{row['point_key']}.json", json.dumps(row, default=float))
         rows[i] = row
         bar.step()
 
@@ -466,7 +421,7 @@ def _run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None, executor: 
             record(i, run_point(tasks[i]))
     else:
         ex = pool if pool is not None else cf.ProcessPoolExecutor(
-            max_workers=jobs or os.cpu_count() or 1, initializer=_die_with_parent, initargs=(os.getpid(),))
+            max_workers=jobs or os.cpu_count() or 1, initializer=die_with_parent, initargs=(os.getpid(),))
         with contextlib.ExitStack() as stack:
             if pool is None:
                 stack.enter_context(ex)
@@ -555,60 +510,3 @@ def write_tables(df: pd.DataFrame, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     df.to_parquet(out / "results.parquet", index=False)
     df.to_csv(out / "results.csv", index=False)
-
-
-def main_sweep(a: Any) -> int:
-    from experiments.analysis import crossovers, speedups
-    from experiments.images import check_images, image_formats, write_images
-    from experiments.report import report_figures, write_report
-
-    formats = image_formats(a)
-    if formats:
-        check_images()  # before any run
-
-    if a.jobs is not None and a.jobs < 1:
-        raise ConfigError(f"--jobs must be a positive number of parallel processes, got {a.jobs}")
-    timeout_s = getattr(a, "scheduler_timeout", 10.0)
-    if not (math.isfinite(timeout_s) and timeout_s > 0):
-        raise ConfigError(f"--scheduler-timeout must be a positive number of seconds, got {timeout_s}")
-    spec = load_sweep(a.sweep_file, quick=a.quick)
-    out = Path(a.out)
-    check_out_dir(out)
-    if a.executor == "dask" and not a.scheduler:
-        raise ConfigError("--executor dask needs --scheduler tcp://HOST:PORT (or use --executor dask-local)")
-    n = len(spec.variants) * len(spec.points) * len(spec.seeds)
-    print(f"sweep '{spec.name}': {len(spec.variants)} variants x {len(spec.points)} {spec.axis} points x "
-          f"{len(spec.seeds)} seeds = {n} runs -> {out}/ (engine build: {_native.build_label()})", file=sys.stderr)
-    try:
-        with executor_for(a.executor, jobs=a.jobs, scheduler=getattr(a, "scheduler", None),
-                          timeout_s=getattr(a, "scheduler_timeout", 10.0)) as executor:
-            df, caps = run_sweep(spec, out, jobs=a.jobs, executor=executor)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: finished points are in {out / 'points'}; run the same command again to resume",
-              file=sys.stderr)
-        return 130
-    write_tables(df, out)
-    pd.DataFrame([{"variant": v, "concurrency": r[0], "rps": r[1], "tok_s": r[2], "mean_batch": r[3]}
-                  for v, c in caps.items() for r in _curve(c)]).to_csv(out / "capacity.csv", index=False)
-    failed = int((df.error != "").sum()) if "error" in df else 0
-    if failed == len(df):
-        first = (str(df.error.iloc[0]).splitlines() or [""])[0] if len(df) else "no point ran"
-        raise ConfigError(f"every point of the sweep failed ({failed} of {n}; details above, rows in "
-                          f"{out / 'results.csv'}); first error: {first}")
-    ok = df[df.error == ""] if "error" in df else df
-    sp = speedups(ok, spec.reference, x=spec.axis)
-    sp.to_csv(out / "speedups.csv", index=False)
-    report = write_report(ok, sp, out, spec=spec, capacities=caps)
-    images = (write_images(report_figures(ok, sp, spec=spec, capacities=caps), out, formats, "report")
-              if formats else [])
-    print(f"wrote {out / 'results.parquet'}, {out / 'results.csv'}, {out / 'speedups.csv'}, {report}"
-          + "".join(f", {p}" for p in images))
-    spec_variants = set(ok[ok.speculative_method != "none"].variant) if "speculative_method" in ok else set()
-    for v, u in crossovers(sp).items():
-        if v in spec_variants:
-            where = f"crosses 1.0 at {spec.axis} {u:.2f}" if np.isfinite(u) else "stays above 1.0 over the sweep"
-            print(f"  {v}: ITL (TPOT) speedup {where}")
-    if failed:
-        print(f"{failed} point(s) failed; see stderr above", file=sys.stderr)
-        return 1
-    return 0

@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from experiments.calibrate_report import calibrate as calibrate
-    from experiments.plan import PlanSpec
-    from experiments.plan import builtin_strategies as builtin_strategies
+    from experiments.plan_spec import PlanSpec
+    from experiments.planfile import builtin_strategies as builtin_strategies
     from experiments.sweep import SweepSpec
     from models.acceptance_fit import AcceptanceFit
     from models.catalog import GPUS as GPUS
@@ -83,7 +83,7 @@ _LAZY = {
     "ConfigError": "models.errors", "Capacity": "sim.capacity", "capacity": "sim.capacity",
     "Scenario": "sim.scenario", "load_scenario": "sim.scenario", "Result": "sim.simulate",
     "flatten": "sim.simulate", "calibrate": "experiments.calibrate_report",
-    "builtin_strategies": "experiments.plan",
+    "builtin_strategies": "experiments.planfile",
 }
 
 
@@ -149,7 +149,8 @@ def plan(spec: str | Path | PlanSpec, *, quick: bool = False, jobs: int | None =
     `feasible` (with a `reason` when not). Cheapest feasible option first. The analyses of
     `specrack plan` (curves, decision map, shift) are not run. Wraps experiments.plan.load_plan
     and run_plan."""
-    from experiments.plan import PlanSpec, load_plan, run_plan
+    from experiments.plan import load_plan, run_plan
+    from experiments.plan_spec import PlanSpec
 
     loaded = spec if isinstance(spec, PlanSpec) else load_plan(spec, quick=quick)
     return run_plan(loaded, jobs)

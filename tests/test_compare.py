@@ -13,7 +13,7 @@ from helpers import one_line_error
 
 from experiments.analysis import speedups
 from experiments.cli import main
-from experiments.plan import rank
+from experiments.plan_search import rank
 from experiments.sweep import run_point, write_tables
 from sim.scenario import scenario_from_dict
 

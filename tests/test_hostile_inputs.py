@@ -255,12 +255,12 @@ def test_out_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 def test_unexpected_exception_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The last resort: an unforeseen exception is one line (exit 1), not a traceback."""
-    import sim.scenario
+    import experiments.commands.common as common
 
     def boom(*a: Any, **k: Any) -> Any:
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(sim.scenario, "load_scenario", boom)
+    monkeypatch.setattr(common, "load_scenario", boom)  # (the CLI reads scenarios through it)
     rc, err = _cli(["validate", str(EXAMPLE)], capsys)
     assert rc == 1
     assert err.strip() == err.strip().splitlines()[0]

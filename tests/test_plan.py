@@ -23,25 +23,20 @@ import pytest
 from helpers import one_line_error
 
 from experiments.cli import main
-from experiments.plan import (
+from experiments.plan import load_plan, run_plan
+from experiments.plan_racks import scenario_for
+from experiments.plan_search import evaluate, judged_run, min_rack, plan_row
+from experiments.plan_spec import PlanSpec
+from experiments.plan_studies import (
     CADENCES,
-    PlanSpec,
-    Strategy,
-    _scenario,
     acceptance_shift,
-    builtin_strategies,
     capacity_curves,
     decision_map,
-    evaluate,
-    judged_run,
-    load_plan,
     map_tasks,
-    min_rack,
-    plan_row,
     retraining_table,
-    run_plan,
     winners,
 )
+from experiments.planfile import Strategy, builtin_strategies
 from models.errors import ConfigError
 from sim.scenario import Scenario, load_scenario
 from sim.simulate import capacity
@@ -196,8 +191,8 @@ def test_the_answer_is_feasible_and_ranked(answer: pd.DataFrame) -> None:
 
 def _check_minimal(base: Scenario, name: str, replicas: int, rate: float) -> None:
     s = builtin_strategies()[name]
-    at = evaluate(_scenario(base, s, GPU, {GPU: 2.5}, replicas, rate, 1.0), (1,))
-    fewer = evaluate(_scenario(base, s, GPU, {GPU: 2.5}, replicas - 1, rate, 1.0), (1,))
+    at = evaluate(scenario_for(base, s, GPU, {GPU: 2.5}, replicas, rate, 1.0), (1,))
+    fewer = evaluate(scenario_for(base, s, GPU, {GPU: 2.5}, replicas - 1, rate, 1.0), (1,))
     assert at["meets_slo"], (name, replicas, rate)
     assert not fewer["meets_slo"], (name, replicas - 1, rate, fewer["summary"]["ttft_s"], fewer["summary"]["tpot_s"])
 
@@ -384,8 +379,8 @@ def test_headroom_agrees_with_long_runs(spec: PlanSpec, answer: pd.DataFrame) ->
     assert r.rate_rps < r.headroom_rps < r.headroom_fail_rps <= r.headroom_rps * 1.04
     long = short_base().with_overrides({"workload.duration_s": 180.0, "workload.warmup_s": 20.0})
     s = spec.strategies[0]
-    under = _scenario(long, s, GPU, {GPU: 2.5}, int(r.replicas), 0.9 * r.headroom_rps, 1.0)
-    over = _scenario(long, s, GPU, {GPU: 2.5}, int(r.replicas), 1.15 * r.headroom_fail_rps, 1.0)
+    under = scenario_for(long, s, GPU, {GPU: 2.5}, int(r.replicas), 0.9 * r.headroom_rps, 1.0)
+    over = scenario_for(long, s, GPU, {GPU: 2.5}, int(r.replicas), 1.15 * r.headroom_fail_rps, 1.0)
     assert simulate(under, 2).summary["slo_met"]
     assert not simulate(over, 2).summary["slo_met"]
 
@@ -415,7 +410,7 @@ def test_retraining_in_a_distilled_scenarios_summary(spec: PlanSpec) -> None:
     s = builtin_strategies()["distilled-8b"]
     cost = {}
     for tu in (0.0, 1.0, 52.0 / 12.0):
-        sc = _scenario(spec.base, s, GPU, spec.prices, 1, 3.0, teacher_updates=tu)
+        sc = scenario_for(spec.base, s, GPU, spec.prices, 1, 3.0, teacher_updates=tu)
         cost[tu] = simulate(sc, 1).summary["retraining_usd_per_month"]
     assert cost[0.0] == 0.0
     assert cost[1.0] > 0
@@ -425,7 +420,7 @@ def test_retraining_in_a_distilled_scenarios_summary(spec: PlanSpec) -> None:
     assert row["total_usd_per_month"] == row["serving_usd_per_month"]
     # a non-distilled strategy ignores the teacher cadence
     b = builtin_strategies()["baseline"]
-    sc = _scenario(spec.base, b, GPU, spec.prices, 1, 3.0, teacher_updates=52.0 / 12.0)
+    sc = scenario_for(spec.base, b, GPU, spec.prices, 1, 3.0, teacher_updates=52.0 / 12.0)
     assert simulate(sc, 1).summary["retraining_usd_per_month"] == 0.0
 
 

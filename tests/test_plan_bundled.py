@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from experiments import plan_store
-from experiments.plan import load_plan, replica_bounds
+from experiments.plan import load_plan
 from experiments.plan_cost import monthly_cost
+from experiments.plan_search import replica_bounds
 from models.catalog import get_gpu
 from sim.capacity import Capacity
 

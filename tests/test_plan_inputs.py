@@ -15,7 +15,10 @@ import pytest
 from helpers import one_line_error
 
 from experiments.cli import main
-from experiments.plan import Strategy, _scenario, builtin_strategies, evaluate, load_plan, plan_row
+from experiments.plan import load_plan
+from experiments.plan_racks import scenario_for
+from experiments.plan_search import evaluate, plan_row
+from experiments.planfile import Strategy, builtin_strategies
 from models.catalog import GPUS
 from models.errors import ConfigError
 from models.quality import H100_BF16_FLOPS
@@ -246,7 +249,7 @@ def test_a_trace_plan_simulates_the_window_it_claims(tmp_path: Path, window: str
     assert tr is not None and tr.kind == "trace" and tr.growth == 1.5
     if hi is not None:
         assert tr.lo_s == pytest.approx(lo, abs=2.0) and tr.hi_s == pytest.approx(hi, abs=2.0)
-    sc = _scenario(spec.base, builtin_strategies()["baseline"], "h100-sxm", spec.prices, 1, spec.rate_rps, traffic=tr)
+    sc = scenario_for(spec.base, builtin_strategies()["baseline"], "h100-sxm", spec.prices, 1, spec.rate_rps, traffic=tr)
     wl = sc.workload
     trace = np.loadtxt(tmp_path / "trace.csv", delimiter=",", skiprows=1)[:, 0]
     table = generate(wl, 1, sc.workload.rate_rps)
@@ -325,7 +328,7 @@ def test_a_plans_quality_table_sets_the_training_gpu(tmp_path: Path) -> None:
     s: Strategy = builtin_strategies()["distilled-8b"]
     bills = set()
     for price in (1.0, 2.5, 7.0):
-        sc = _scenario(spec.base, s, "h100-sxm", {"h100-sxm": price}, 1, 2.0)
+        sc = scenario_for(spec.base, s, "h100-sxm", {"h100-sxm": price}, 1, 2.0)
         rt = build_runtime(sc)
         assert rt.retraining is not None and rt.retraining.training_gpu == "h200"
         assert rt.retraining.usd_per_gpu_hour == 4.0

@@ -16,18 +16,12 @@ import pandas as pd
 import pytest
 from test_plan import GPU, plan_text
 
-from experiments.plan import (
-    PlanSpec,
-    SearchSpec,
-    _scenario,
-    builtin_strategies,
-    evaluate,
-    load_plan,
-    pareto,
-    plan_row,
-    run_search,
-)
+from experiments.plan import load_plan, run_search
 from experiments.plan_cost import CostSpec, monthly_cost
+from experiments.plan_racks import scenario_for
+from experiments.plan_search import evaluate, pareto, plan_row
+from experiments.plan_spec import PlanSpec
+from experiments.planfile import SearchSpec, builtin_strategies
 from models.catalog import get_gpu
 from models.errors import ConfigError
 
@@ -98,7 +92,7 @@ def test_an_upper_bound_prunes_before_the_capacity_is_measured(h200: PlanSpec, m
     further; one it does not prune gets its capacity measured and is pruned or simulated on that.
     Here TP8's ladder is made to report a collapse with the real capacity as its peak: pruned on
     the bound alone (one replica, 8 GPUs, costs more than 3 x TP2), and the answer is unchanged."""
-    import experiments.plan as plan_mod
+    import experiments.plan_search as plan_mod
     from sim.capacity import Capacity
 
     real_ladder, real_cap = plan_mod.ladder_of, plan_mod.capacity_of
@@ -131,7 +125,7 @@ def test_each_configuration_is_checked_on_its_own_lower_bound(h200: PlanSpec, mo
     Searched as tp = [4, 2] within 8 GPUs, exhaustively, both are simulated: TP4 is not pruned
     on TP2's bound (3 x 4 GPUs > 8), which the search once read for every configuration after
     the grid's last. (The simulations are stubbed: only the pruning is under test.)"""
-    import experiments.plan as plan_mod
+    import experiments.plan_search as plan_mod
 
     spec = dataclasses.replace(h200, search=dataclasses.replace(h200.search, tp=(4, 2)), max_gpus=8)
     simulated: list[int] = []
@@ -163,7 +157,7 @@ def test_n_plus_1_adds_one_replica_and_one_fewer_still_passes(single: PlanSpec) 
     row = plan_row(_rules(single, redundancy="n+1"), s, GPU, TWO)
     assert plain["replicas"] == 2
     assert row["replicas"] == plain["replicas"] + 1 and row["minimal_replicas"] == plain["replicas"]
-    down = _scenario(single.base, s, GPU, single.prices, row["replicas"] - 1, TWO, traffic=single.traffic)
+    down = scenario_for(single.base, s, GPU, single.prices, row["replicas"] - 1, TWO, traffic=single.traffic)
     assert evaluate(down, single.seeds)["meets_slo"]
     assert row["total_usd_per_month"] == pytest.approx(3 * 4 * 2.5 * 720)
 
@@ -251,13 +245,14 @@ def test_search_inputs_are_shown(single: PlanSpec, h200: PlanSpec) -> None:
 
 def test_the_grid_applies_k_and_skips_what_does_not_fit(h200: PlanSpec) -> None:
     """No simulation: the grid's k reaches the speculative table, TP1 70B does not fit an H100."""
-    from experiments.plan import _one, configured, grid, search_row
+    from experiments.plan_racks import configured
+    from experiments.plan_search import grid, one_replica, search_row
 
     spec = dataclasses.replace(h200, search=dataclasses.replace(h200.search, tp=(4,), k=(2, 3)))
     s = builtin_strategies()["draft-1b"]
     cfgs = grid(spec, s, "h200", RATE)
     assert sorted(c["k"] for c in cfgs) == [2, 3] and all(c["tp"] == 4 for c in cfgs)
-    sc = _one(spec, configured(s, spec.base, {"k": 3, "max_num_batched_tokens": 4096}), "h200", RATE)
+    sc = one_replica(spec, configured(s, spec.base, {"k": 3, "max_num_batched_tokens": 4096}), "h200", RATE)
     assert sc.speculative is not None and sc.speculative.num_speculative_tokens == 3
     assert sc.deployment.max_num_batched_tokens == 4096 and sc.speculative.draft_model == "llama-3.2-1b"
     assert all(c["k"] is None for c in grid(spec, builtin_strategies()["baseline"], "h200", RATE))  # no speculation, no k
@@ -268,7 +263,7 @@ def test_the_grid_applies_k_and_skips_what_does_not_fit(h200: PlanSpec) -> None:
 
 
 def test_a_strategy_no_configuration_can_run_is_not_applicable(h200: PlanSpec) -> None:
-    from experiments.plan import search_row
+    from experiments.plan_search import search_row
 
     spec = dataclasses.replace(h200, search=dataclasses.replace(h200.search, tp=(4, 8)))
     out = search_row(spec, builtin_strategies()["fp8"], "a100-80gb", RATE)  # no FP8 tensor cores at any TP

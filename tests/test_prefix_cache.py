@@ -468,7 +468,7 @@ def test_mooncake_units_from_hash_ids() -> None:
 
 
 def test_run_prints_the_cache_figures(make_scenario) -> None:
-    from experiments.cli import cache_line
+    from experiments.commands.run import cache_line
 
     s = simulate(make_scenario(workload={"rate_rps": 2.0, "duration_s": 60.0, "conversations": CONV}), 1).summary
     line = cache_line(s)

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from experiments.plan import evaluate
+from experiments.plan_search import evaluate
 from sim.metrics import SloWatch, request_latencies, slo_checks
 from sim.scenario import load_scenario
 from sim.simulate import capacity
@@ -132,7 +132,7 @@ def test_the_planner_judges_the_same_with_and_without_stopping() -> None:
 def test_a_rack_fails_on_its_first_failing_seed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Over three seeds, a rack that fails on the first is not run on the others (the verdict
     is the same as over all three); one that passes runs every seed."""
-    import experiments.plan as plan_mod
+    import experiments.plan_search as plan_mod
 
     sc = load_scenario(MIX, {"slo.ttft_p99_s": 2.0, "slo.tpot_p99_s": 0.2, "workload.duration_s": 120.0,
                              "workload.warmup_s": 20.0})

@@ -190,7 +190,7 @@ def test_planner_slo_verdict_agrees_with_long_runs() -> None:
     seeds) switch: just below it they pass, just above the first failing rate they fail; a rate
     at or above the capacity fails unsimulated, and one within a few % of it fails (unjudged, or
     on a rerun stopped once its SLO was certain to fail)."""
-    from experiments.plan import MAX_RUN_S, evaluate
+    from experiments.plan_search import MAX_RUN_S, evaluate
 
     base = load_scenario(MIX, {"rack.num_gpus": 4, "workload.duration_s": 150.0, "workload.warmup_s": 30.0,
                                "workload.utilisation": None, "workload.rate_rps": 1.0})
@@ -228,7 +228,7 @@ def test_a_rerun_is_padded_and_the_judged_run_lasts_what_it_asks(monkeypatch: py
     (`judged_length`); the run judged asks for at most 5% more than it lasts (the rule is the
     unpadded one); and here the padded rerun is judged as it is, where unpadded reruns take a
     third run (the second asked for ~17% more)."""
-    import experiments.plan as plan
+    import experiments.plan_search as plan
 
     base = load_scenario(MIX, {"rack.num_gpus": 4, "workload.duration_s": 150.0, "workload.warmup_s": 30.0,
                                "workload.utilisation": None, "workload.rate_rps": 1.0})

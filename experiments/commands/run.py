@@ -1,0 +1,89 @@
+"""`specrack run`: simulate one scenario and write its tables."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from experiments.commands.common import load, scenario_parser
+from experiments.report import timeseries_chart
+from models.errors import ConfigError
+from sim.metrics import expand_steps
+from sim.simulate import capacity_for, simulate
+
+
+def add_parser(sub: Any) -> None:
+    s = scenario_parser(sub, "run", "simulate one scenario")
+    s.add_argument("--out", default="results/run")
+    s.add_argument("--steps", choices=("runs", "full"), default="runs",
+                   help="steps.parquet: fused decode runs as one run-length row each (default), or one row per step")
+    s.set_defaults(fn=run)
+
+
+def run(a: argparse.Namespace) -> int:
+    out_dir = Path(a.out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir}: exists and is not a folder; name a folder (it is created if missing)")
+    sc = load(a)
+    res = simulate(sc, a.seed, capacity=capacity_for(sc, with_capacity=True), progress=True, with_capacity=True)
+    if a.steps == "full":  # one row per engine step: fused runs of decode steps expanded
+        res = dataclasses.replace(res, steps=expand_steps(res.steps))
+    out = res.write(a.out)
+    s = res.summary
+    verdict = {"stable": "stable", "overloaded": "OVERLOADED", "insufficient": "TOO FEW REQUESTS TO JUDGE",
+               "unjudged": "STOPPED: SLO CERTAIN TO FAIL"}[s["verdict"]]
+    print(f"{sc.name} seed {res.seed}: {s['completed_requests']}/{s['offered_requests']} requests, "
+          f"{s['offered_rps']:.2f} req/s {'offered' if s['loop'] == 'open' else 'sent'}, {s['throughput_rps']:.2f} served, {s['throughput_tok_s']:.0f} tok/s; "
+          f"{verdict}{' (' + s['verdict_reason'] + ')' if s['verdict_reason'] else ''} -> {out}")
+    print(f"  capacity {s['capacity_rps']:.2f} req/s" + (f", with speculation {s['speculative_capacity_rps']:.2f}"
+                                                        if "speculative_capacity_rps" in s else ""))
+    if "cache_hit_rate" in s:  # prefix caching acted (requests carry block hashes)
+        print(cache_line(s))
+    if s["loop"] != "open":
+        _print_benchmark(s)
+    for name, c in s["slo"].items():
+        metric, pct, _ = name.split("_")
+        print(f"  SLO {name}: {pct} {metric.upper()} {c['value'] * 1e3:.1f} ms vs target {c['target'] * 1e3:.1f} ms "
+              f"{'met' if c['met'] else 'MISSED'}")
+    print(f"  SLO {'met' if s['slo_met'] else 'NOT met'}")
+    iv = res.intervals
+    if iv is not None and len(iv) > 1:  # the run over time: intervals.csv/.parquet and a time-series chart
+        timeseries_chart(iv).write_html(out / "intervals.html", include_plotlyjs="inline")
+        met = float(iv.slo_met.mean())
+        print(f"  {len(iv)} intervals of {sc.sim.interval_s:g} s ({met:.0%} meet the SLO): replicas peak "
+              f"{s['replicas_peak']}, mean {s['replicas_mean']:.2f}, {s['gpu_hours']:.1f} GPU-hours "
+              f"({s['gpu_hours_per_day']:.0f} per day) -> {out / 'intervals.html'}")
+    return 0
+
+
+def cache_line(s: dict[str, Any]) -> str:
+    """The prefix-cache figures of a summary, one line (docs/METRICS.md, 'Prefix caching')."""
+    return (f"  prefix cache: {s['cache_hit_rate']:.1%} of prompt tokens cached ({s['cache_request_hit_rate']:.0%} of "
+            f"requests hit), {s['prefill_tokens_saved']:,} prefill tokens saved, {s['prefill_tokens_computed']:,} "
+            f"computed; TTFT mean {_ms(s['ttft_hit_s']['mean'])} on a hit, {_ms(s['ttft_miss_s']['mean'])} on a miss")
+
+
+def _ms(x: float) -> str:
+    """Seconds as '123 ms', or 'none' when no request had that (NaN)."""
+    return f"{x * 1e3:.0f} ms" if x == x else "none"
+
+
+def _print_benchmark(s: dict[str, Any]) -> None:
+    """The headline figures of the summary's `benchmark` block, named and laid out as
+    `vllm bench serve` prints them (whole run, no warm-up; docs/METRICS.md)."""
+    b = s["benchmark"]
+    if not b.get("completed"):
+        print("  benchmark: no request completed")
+        return
+    clients = (f"{s['concurrency']} clients" if s["loop"] == "closed"
+               else f"request rate {b['request_rate']:.2f}/s, max concurrency {s['concurrency']}")
+    print(f"  as vllm bench serve reports it ({clients}; whole run, {b['completed']:.0f} requests, "
+          f"{b['duration']:.1f} s):")
+    print(f"    Request throughput (req/s):        {b['request_throughput']:10.2f}")
+    print(f"    Output token throughput (tok/s):   {b['output_throughput']:10.2f}")
+    print(f"    Total token throughput (tok/s):    {b['total_token_throughput']:10.2f}")
+    for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL")):
+        print(f"    {label:<4} mean / median / p99 (ms): {b[f'mean_{name}_ms']:10.2f} {b[f'median_{name}_ms']:10.2f} "
+              f"{b[f'p99_{name}_ms']:10.2f}")
