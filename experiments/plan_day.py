@@ -22,11 +22,12 @@ import pandas as pd
 from pydantic import ValidationError
 
 from experiments.plan_racks import configured, row_config, scenario_for
+from experiments.plan_store import STORE
 from experiments.planfile import DAY_KEYS, check_keys, num, table
 from experiments.report import timeseries_chart
 from models.catalog import get_gpu
 from models.errors import ConfigError
-from sim.scenario import Autoscale, CsvProfile, DiurnalProfile, _fmt_error
+from sim.scenario import Autoscale, CsvProfile, DiurnalProfile, format_validation_error
 from sim.simulate import capacity_for, simulate
 from sim.traces import load_rate_csv, load_trace
 from sim.workload import profile_integral, profile_peak_rps
@@ -76,7 +77,7 @@ def parse_day(d: dict[str, Any], plan_dir: Path) -> DaySpec | None:
     try:
         auto = Autoscale.model_validate(auto_in).model_dump(mode="json", exclude_none=True)
     except ValidationError as err:
-        raise ConfigError(f"day.autoscale.{_fmt_error(err)}") from None
+        raise ConfigError(f"day.autoscale.{format_validation_error(err)}") from None
     if "rate_profile" in t:
         prof_in = t["rate_profile"]
         if not isinstance(prof_in, dict):
@@ -89,7 +90,7 @@ def parse_day(d: dict[str, Any], plan_dir: Path) -> DaySpec | None:
             model = DiurnalProfile if prof_in.get("shape") == "diurnal" else CsvProfile
             prof = model.model_validate(prof_in)
         except ValidationError as err:
-            raise ConfigError(f"day.rate_profile.{_fmt_error(err)}") from None
+            raise ConfigError(f"day.rate_profile.{format_validation_error(err)}") from None
         if isinstance(prof, DiurnalProfile):
             dur = prof.day_s
         else:
@@ -143,7 +144,7 @@ def run_day(spec: Any, answer: pd.DataFrame, out: Path) -> tuple[pd.DataFrame, p
         auto.pop("initial_replicas", None)
         sc = sc.with_overrides({**day.workload, "sim.interval_s": day.interval_s, "autoscale": auto})
         for seed in day.seeds:
-            res = simulate(sc, seed, capacity=capacity_for(sc))
+            res = simulate(sc, seed, capacity=capacity_for(sc, store=STORE))
             s, iv = res.summary, res.intervals
             assert iv is not None
             per_gpu = int(r.billed_gpus) / reps if reps else 0.0

@@ -12,11 +12,11 @@ import pandas as pd
 from experiments.plan_racks import configured, row_config, scenario_for
 from experiments.plan_search import evaluate, grid, one_replica
 from experiments.plan_spec import PlanSpec
-from experiments.plan_store import ladder_of
+from experiments.plan_store import STORE, ladder_of
 from experiments.planfile import Strategy
 from experiments.pool import pmap
 from models.errors import ConfigError
-from sim.capacity import Capacity, capacity_key, remember
+from sim.capacity import Capacity, capacity_key
 from sim.deployment import gpus_per_replica
 from sim.scenario import Scenario
 
@@ -71,7 +71,7 @@ def measure_ladders(ones: list[Scenario], points: str | None, jobs: int | None, 
     for one in ones:
         todo.setdefault(capacity_key(one, speculative=True), one)
     for key, cap in pmap(_ladder_task, [(one, points) for one in todo.values()], jobs, label):
-        remember(key, cap, is_ladder=True)
+        STORE.remember(key, cap, is_ladder=True)
 
 
 def measure_capacities(spec: PlanSpec, jobs: int | None = None, label: str = "") -> None:

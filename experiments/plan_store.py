@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.pool import write_atomic
-from sim.capacity import Capacity, capacity, capacity_for, ladder, remember
+from sim.capacity import Capacity, CapacityStore, capacity_for
 from sim.capacity import capacity_key as _capacity_key
 from sim.scenario import Scenario
 from sim.simulate import simulate
@@ -24,6 +24,10 @@ from sim.simulate import simulate
 SUMMARY_PREFIX = "run-"
 CAPACITY_PREFIX = "capacity-"
 LADDER_PREFIX = "ladder-"  # a capacity ladder whose collapse is not refined yet (an upper bound)
+# The planner's capacities in this process, each measured once (`capacity_of`, `ladder_of`): the
+# parent's measurements before a pool forks are its workers' too; with a points folder they are
+# also kept on disk across runs. Every run the planner simulates takes its capacity from here.
+STORE = CapacityStore()
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -39,12 +43,12 @@ def summary(sc: Scenario, seed: int, points: str | None) -> dict[str, Any]:
     """The run's summary (`simulate(sc, seed).summary`), from OUT/points when an earlier run of the
     plan finished it, else simulated and kept there."""
     if points is None:
-        return simulate(sc, seed, capacity=capacity_for(sc)).summary
+        return simulate(sc, seed, capacity=capacity_for(sc, store=STORE)).summary
     path = Path(points) / f"{SUMMARY_PREFIX}{sc.key()}-{seed}.json"
     d = _read(path)
     if d is not None and "summary" in d:
         return dict(d["summary"])
-    sm = simulate(sc, seed, capacity=capacity_for(sc)).summary
+    sm = simulate(sc, seed, capacity=capacity_for(sc, store=STORE)).summary
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps({"seed": seed, "summary": sm}, default=float))
     return json.loads(json.dumps(sm, default=float))  # the same values a resumed run reads back
@@ -70,33 +74,33 @@ def _path(points: str, prefix: str, key: str) -> Path:
 
 
 def ladder_of(sc: Scenario, points: str | None, *, speculative: bool = False) -> Capacity:
-    """`sim.capacity.ladder` (the capacity, or where the throughput collapses an upper bound on
+    """`CapacityStore.ladder` in `STORE` (the capacity, or where the throughput collapses an upper bound on
     it), kept in OUT/points across runs of the plan (a measured capacity is used when kept)."""
     if points is None:
-        return ladder(sc, speculative=speculative)
+        return STORE.ladder(sc, speculative=speculative)
     key = _capacity_key(sc, speculative=speculative)
     for prefix, is_ladder in ((CAPACITY_PREFIX, False), (LADDER_PREFIX, True)):
         cap = _kept(_path(points, prefix, key), key)
         if cap is not None:
-            remember(key, cap, is_ladder=is_ladder)
+            STORE.remember(key, cap, is_ladder=is_ladder)
             return cap
-    lad = ladder(sc, speculative=speculative)
+    lad = STORE.ladder(sc, speculative=speculative)
     _keep(_path(points, LADDER_PREFIX if lad.upper_bound else CAPACITY_PREFIX, key), key, lad)
     return lad
 
 
 def capacity_of(sc: Scenario, points: str | None, *, speculative: bool = False) -> Capacity:
-    """`sim.capacity` (cached per process), kept in OUT/points across runs of the plan."""
+    """`CapacityStore.capacity` in `STORE`, kept in OUT/points across runs of the plan."""
     if points is None:
-        return capacity(sc, speculative=speculative)
+        return STORE.capacity(sc, speculative=speculative)
     key = _capacity_key(sc, speculative=speculative)
     path = _path(points, CAPACITY_PREFIX, key)
     cap = _kept(path, key)
     if cap is not None:
-        remember(key, cap)
+        STORE.remember(key, cap)
         return cap
     ladder_of(sc, points, speculative=speculative)  # its ladder from OUT/points, when kept
-    cap = capacity(sc, speculative=speculative)
+    cap = STORE.capacity(sc, speculative=speculative)
     _keep(path, key, cap)
     return cap
 

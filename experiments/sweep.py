@@ -30,7 +30,7 @@ import pandas as pd
 
 from experiments.pool import Progress, die_with_parent, write_atomic
 from models.errors import ConfigError
-from sim.capacity import Capacity, baseline_of, capacity_key, remember
+from sim.capacity import Capacity, CapacityStore, baseline_of, capacity_key
 from sim.metrics import relaxation_s
 from sim.scenario import Scenario, load_scenario, read_toml
 from sim.simulate import capacity, capacity_for, flatten, simulate
@@ -249,7 +249,7 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
            "seed": task["seed"], "point_key": task["key"]}
     try:
         sc = Scenario.model_validate(task["scenario"])
-        res = simulate(sc, task["seed"], capacity=capacity_for(sc))
+        res = simulate(sc, task["seed"], capacity=task.get("capacity"))
         row.update(flatten(res.summary))
         for col, (sec, field) in KEY_PARAMS.items():
             row[col] = getattr(getattr(sc, sec), field)
@@ -279,11 +279,14 @@ def plan_points(spec: SweepSpec, jobs: int | None = 1, pool: cf.Executor | None 
     if spec.concurrency:
         scs = [spec.base.with_overrides(v.overrides) for v in spec.variants]
         tasks: list[Any] = []
+        store = CapacityStore()  # (a follow-load policy's reference, measured once per deployment)
         for v, sc_v in zip(spec.variants, scs, strict=True):
             for n in spec.concurrency:
                 sc = sc_v.with_overrides(closed_overrides(n))
+                run_cap = capacity_for(sc, store=store)
                 tasks.extend({"variant": v.name, "utilisation": None, "concurrency": n, "seed": seed,
-                              "key": f"{sc.key()}-{seed}", "scenario": sc.model_dump(mode="json")} for seed in spec.seeds)
+                              "key": f"{sc.key()}-{seed}", "scenario": sc.model_dump(mode="json"), "capacity": run_cap}
+                             for seed in spec.seeds)
         return tasks, {}
     by_name = {v.name: v for v in spec.variants}
     ref_sc = spec.base.with_overrides(by_name[spec.reference].overrides)
@@ -296,32 +299,35 @@ def plan_points(spec: SweepSpec, jobs: int | None = 1, pool: cf.Executor | None 
     if pool is not None:
         futs = {k: pool.submit(_own_capacity, sc) for k, sc in todo.items()}
         ref_cap = futs[ref_key].result()
-        remember(ref_key, ref_cap)
-        return _tasks(spec, scs, ref_cap), {"_pending": {"futures": futs, "keys": keys, "ref": ref_cap}}
+        return _tasks(spec, scs, ref_key, ref_cap), {"_pending": {"futures": futs, "keys": keys, "ref": ref_cap}}
     workers = min(jobs or os.cpu_count() or 1, len(todo))
     if workers > 1:
         with cf.ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent, initargs=(os.getpid(),)) as ex:
             measured = dict(zip(todo, ex.map(_own_capacity, todo.values()), strict=True))
     else:
         measured = {k: _own_capacity(sc) for k, sc in todo.items()}
-    return _tasks(spec, scs, measured[ref_key]), _caps(spec, keys, measured, measured[ref_key])
+    return _tasks(spec, scs, ref_key, measured[ref_key]), _caps(spec, keys, measured, measured[ref_key])
 
 
-def _tasks(spec: SweepSpec, scs: list[Scenario], ref_cap: Capacity) -> list[dict[str, Any]]:
-    """Every (variant, utilisation, seed) point, each variant offered u x the reference capacity."""
+def _tasks(spec: SweepSpec, scs: list[Scenario], ref_key: str, ref_cap: Capacity) -> list[dict[str, Any]]:
+    """Every (variant, utilisation, seed) point, each variant offered u x the reference capacity,
+    with the capacity its run needs besides (`sim.capacity.capacity_for`: a follow-load policy's or
+    a target-utilisation autoscaler's reference; measured here, once per deployment, when it is not
+    the reference's)."""
+    store = CapacityStore()
+    store.remember(ref_key, ref_cap)
     tasks: list[dict[str, Any]] = []
     for v, sc_v in zip(spec.variants, scs, strict=True):
+        run_cap = capacity_for(sc_v.with_overrides({"workload.rate_rps": ref_cap.rps}), store=store)
         for u in spec.utilisation:
             sc = sc_v.with_overrides({"workload.rate_rps": u * ref_cap.rps})
             tasks.extend({"variant": v.name, "utilisation": u, "concurrency": None, "seed": seed, "key": f"{sc.key()}-{seed}",
-                          "scenario": sc.model_dump(mode="json")} for seed in spec.seeds)
+                          "scenario": sc.model_dump(mode="json"), "capacity": run_cap} for seed in spec.seeds)
     return tasks
 
 
 def _caps(spec: SweepSpec, keys: list[str], measured: dict[str, Capacity], ref_cap: Capacity) -> dict[str, dict[str, Any]]:
-    """Each variant's capacity figures (and the reference's rate), kept in this process's cache."""
-    for k, c in measured.items():
-        remember(k, c)
+    """Each variant's capacity figures (and the reference's rate)."""
     return {v.name: {**measured[key].as_dict(curve=False), "reference_capacity_rps": ref_cap.rps,
                      "curve": [list(r) for r in measured[key].curve]}
             for v, key in zip(spec.variants, keys, strict=True)}

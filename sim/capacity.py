@@ -221,10 +221,6 @@ def measure_capacity(sc: Scenario, seed: int) -> Capacity:
     return refine(sc, seed, measure_ladder(sc, seed))
 
 
-_CAPACITY_CACHE: dict[str, Capacity] = {}  # per process; a pure function of its key
-_LADDER_CACHE: dict[str, Capacity] = {}  # ladders whose collapse is not refined yet
-
-
 def capacity_key(sc: Scenario, *, speculative: bool = False) -> str:
     """What a capacity depends on: rack, deployment, speculation (unless off), length mix, seed."""
     base = sc if speculative else baseline_of(sc)
@@ -274,25 +270,11 @@ class CapacityStore:
             self.capacities[key] = cap
 
 
-# The one process-level store left: experiments/ reaches it through `capacity`, `ladder` and
-# `remember` below (sweeps and plans fill it, then their runs read it through `capacity_for`).
-# To be removed once experiments/ owns and passes its own CapacityStore.
-DEFAULT_STORE = CapacityStore()
-
-
-def ladder(sc: Scenario, *, speculative: bool = False) -> Capacity:
-    """`CapacityStore.ladder` in DEFAULT_STORE."""
-    return DEFAULT_STORE.ladder(sc, speculative=speculative)
-
-
-def capacity(sc: Scenario, *, speculative: bool = False) -> Capacity:
-    """`CapacityStore.capacity` in DEFAULT_STORE."""
-    return DEFAULT_STORE.capacity(sc, speculative=speculative)
-
-
-def remember(key: str, cap: Capacity, *, is_ladder: bool = False) -> None:
-    """`CapacityStore.remember` in DEFAULT_STORE."""
-    DEFAULT_STORE.remember(key, cap, is_ladder=is_ladder)
+def capacity(sc: Scenario, *, speculative: bool = False, store: CapacityStore | None = None) -> Capacity:
+    """The capacity of the scenario's deployment with speculation off (the reference that
+    `utilisation` is relative to), or as given with `speculative=True`: found in `store`, else
+    measured now (and kept there; without a store, kept nowhere)."""
+    return (CapacityStore() if store is None else store).capacity(sc, speculative=speculative)
 
 
 @dataclass(frozen=True)
@@ -327,11 +309,12 @@ def needs_capacity(sc: Scenario) -> str | None:
 
 
 def capacity_for(sc: Scenario, *, with_capacity: bool = False, store: CapacityStore | None = None) -> RunCapacity | None:
-    """What `sim.simulate.simulate(sc, ...)` takes as `capacity`, measured now or found in
-    `store` (default: DEFAULT_STORE): None when the run needs none. `with_capacity`: also the
-    figures for the summary's capacity section (speculation as configured too)."""
+    """What `sim.simulate.simulate(sc, ...)` takes as `capacity`: None when the run needs none,
+    else found in `store` or measured now (and kept there; without a store, kept nowhere).
+    `with_capacity`: also the figures for the summary's capacity section (speculation as
+    configured too)."""
     if not with_capacity and needs_capacity(sc) is None:
         return None
-    st = DEFAULT_STORE if store is None else store
+    st = CapacityStore() if store is None else store
     spec = st.capacity(sc, speculative=True) if with_capacity and sc.speculative is not None else None
     return RunCapacity(st.capacity(sc), spec)

@@ -154,7 +154,7 @@ def parse_set(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _fmt_error(err: ValidationError) -> str:
+def format_validation_error(err: ValidationError) -> str:
     e = err.errors()[0]
     loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
     msg = e["msg"].removeprefix("Value error, ")
@@ -172,7 +172,7 @@ def scenario_from_dict(data: dict[str, Any]) -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_fmt_error(err)) from None
+        raise ConfigError(format_validation_error(err)) from None
 
 
 def read_toml(path: str | Path, kind: str) -> dict[str, Any]:

@@ -7,6 +7,8 @@ from typing import Any
 
 import sim.engine
 import sim.fusion
+from sim.capacity import Capacity, CapacityStore
+from sim.scenario import Scenario
 
 
 def one_line_error(err: str, ignore: re.Pattern[str] | None = None) -> str:
@@ -25,3 +27,18 @@ def patch_fusion(monkeypatch: Any, name: str, fn: Any) -> None:
     for mod in (sim.fusion, sim.engine):
         if hasattr(mod, name):
             monkeypatch.setattr(mod, name, fn)
+
+
+# the tests' capacities: each deployment measured once per test process (a run takes its capacity
+# as an input; a test that needs one asks here)
+CAPACITIES = CapacityStore()
+
+
+def capacity(sc: Scenario, *, speculative: bool = False) -> Capacity:
+    """`CapacityStore.capacity` in the tests' store."""
+    return CAPACITIES.capacity(sc, speculative=speculative)
+
+
+def ladder(sc: Scenario, *, speculative: bool = False) -> Capacity:
+    """`CapacityStore.ladder` in the tests' store."""
+    return CAPACITIES.ladder(sc, speculative=speculative)

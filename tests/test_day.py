@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import capacity
 from scipy import stats
 
 from models.errors import ConfigError
-from sim.capacity import capacity
 from sim.scenario import scenario_from_dict
 from sim.workload import generate, profile_integral, profile_rate
 from specrack import simulate

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import one_line_error
+from helpers import capacity, one_line_error
 
 from experiments.cli import main
 from experiments.plan import load_plan, run_plan
@@ -39,7 +39,6 @@ from experiments.plan_studies import (
 from experiments.planfile import Strategy, builtin_strategies
 from models.errors import ConfigError
 from sim.scenario import Scenario, load_scenario
-from sim.simulate import capacity
 from specrack import simulate
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ PLAN = Path(__file__).resolve().parents[1] / "experiments" / "plans" / "assistan
 
 @pytest.fixture()
 def stub_capacity(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plan_store, "capacity", lambda sc, speculative=False: Capacity(rps=5.0, tok_s=1000.0))
+    monkeypatch.setattr(plan_store.STORE, "capacity", lambda sc, speculative=False: Capacity(rps=5.0, tok_s=1000.0))
 
 
 @pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import capacity
 
 from experiments.plan_search import evaluate
 from sim.metrics import SloWatch, request_latencies, slo_checks
 from sim.scenario import load_scenario
-from sim.simulate import capacity
 from specrack import simulate
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,13 +11,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import capacity
 
 from models.errors import ConfigError
 from models.speculative import expected_tokens, improvement_factor
 from sim.deployment import build_runtime
 from sim.metrics import expand_steps
 from sim.scenario import Scenario, load_scenario, scenario_from_dict
-from sim.simulate import baseline_of, capacity
+from sim.simulate import baseline_of
 from specrack import simulate
 
 ROOT = Path(__file__).resolve().parents[1]

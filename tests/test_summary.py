@@ -8,7 +8,7 @@ import json
 import pytest
 
 import specrack
-from sim.capacity import DEFAULT_STORE, CapacityStore, capacity_for, capacity_key, needs_capacity
+from sim.capacity import CapacityStore, capacity_for, capacity_key, needs_capacity
 from sim.metrics import Stability
 from sim.run import RunOutput
 from sim.scenario import Scenario, scenario_from_dict
@@ -69,7 +69,7 @@ def _small(**workload: object) -> Scenario:
 
 def test_a_utilisation_run_takes_its_capacity_as_an_input() -> None:
     """Without the capacity it needs, `sim.simulate.simulate` measures nothing: a one-line error
-    names the fix. `capacity_for` measures it (into the caller's store, not the process default),
+    names the fix. `capacity_for` measures it (into the caller's store; there is no process default),
     and the front door `specrack.simulate` does that step itself: the same summary."""
     sc = _small(utilisation=0.5)
     assert needs_capacity(sc) == "workload.utilisation = 0.5"
@@ -81,7 +81,7 @@ def test_a_utilisation_run_takes_its_capacity_as_an_input() -> None:
     store = CapacityStore()
     cap = capacity_for(sc, store=store)
     assert cap is not None and cap.speculative is None
-    assert store.capacities[capacity_key(sc)] is cap.baseline and capacity_key(sc) not in DEFAULT_STORE.capacities
+    assert store.capacities[capacity_key(sc)] is cap.baseline
     res = simulate(sc, 1, capacity=cap)
     assert res.summary["offered_rate_rps"] == 0.5 * cap.baseline.rps
     assert isinstance(res.run, RunOutput) and res.run.requests is res.requests and res.run.fleet is None

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import capacity, ladder
 
 import sim.capacity as cap_mod
 from models.errors import ConfigError
-from sim.capacity import closed_loop_throughput, ladder, measure_capacity
+from sim.capacity import closed_loop_throughput, measure_capacity
 from sim.deployment import build_runtime
 from sim.scenario import load_scenario
-from sim.simulate import capacity, run_table
+from sim.simulate import run_table
 from sim.workload import generate
 from specrack import simulate
 
