@@ -1,43 +1,54 @@
 """The `specrack` command line. Bad input prints one line on stderr and exits 2, never a traceback.
 
 Each subcommand lives in its own module of experiments/commands (its options and the function
-that runs it); COMMANDS lists them in the order `specrack --help` shows them."""
+that runs it); COMMANDS lists them in the order `specrack --help` shows them, and only the module
+of the command given is imported."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
-from experiments.commands import (
-    acceptance,
-    bench,
-    calibrate,
-    capacity,
-    compare,
-    cost,
-    models,
-    plan,
-    run,
-    sweep,
-    validate,
-)
-from experiments.commands import list as list_
 from models.errors import ConfigError
 
-COMMANDS = (cost, run, validate, capacity, bench, sweep, plan, acceptance, calibrate, list_, models, compare)
+# the subcommands in the order `specrack --help` shows them, with the line it shows for each; each
+# lives in experiments/commands/<name>.py (its options: `add_parser`; what it runs: the `fn` it sets)
+COMMANDS: tuple[tuple[str, str], ...] = (
+    ('cost', 'what-if step cost of one batch'),
+    ('run', 'simulate one scenario'),
+    ('validate', 'check a scenario file'),
+    ('capacity', "saturation capacity of a scenario's deployment"),
+    ('bench', 'engine speed against a bare SimPy loop'),
+    ('sweep', 'utilisation sweep over strategies, with report (default: built-in experiment)'),
+    ('plan', 'capacity plan: smallest rack per strategy meeting the SLO, with cost and quality'),
+    ('acceptance', 'fit acceptance (mean, spread, decay) to vLLM metrics, bench JSON, logs or CSV'),
+    ('calibrate', "fit an engine profile's software factors to measured benchmark files (vLLM `bench serve --save-result --save-detailed` JSON or a per-request CSV)"),
+    ('list', "the catalogues: GPUs, models, the sweep's built-in strategies, engine profiles"),
+    ('models', 'the user model catalogue (models.toml): add a Hugging Face config.json'),
+    ('compare', 'two or more sweep or plan output folders side by side (compare.csv, compare.html)'),
+)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. Only the command named in `argv` (the first word that is not an
+    option) gets its options, so only its module is imported: `specrack --help` and every command
+    start without loading the others (the simulator, pandas, scipy, plotly)."""
     p = argparse.ArgumentParser(prog="specrack", description="Discrete-event simulator of LLM serving: speculative decoding vs distillation vs quantization")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for command in COMMANDS:
-        command.add_parser(sub)
+    words = sys.argv[1:] if argv is None else argv
+    chosen = next((w for w in words if not w.startswith("-")), None)
+    for name, summary in COMMANDS:
+        if name == chosen:
+            importlib.import_module(f"experiments.commands.{name}").add_parser(sub, name, summary)
+        else:
+            sub.add_parser(name, help=summary)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     a = parser.parse_args(argv)
     try:
         return int(a.fn(a) or 0)

@@ -7,8 +7,8 @@ from typing import Any
 from experiments.acceptance import main_acceptance
 
 
-def add_parser(sub: Any) -> None:
-    ac = sub.add_parser("acceptance", help="fit acceptance (mean, spread, decay) to vLLM metrics, bench JSON, logs or CSV",
+def add_parser(sub: Any, name: str, summary: str) -> None:
+    ac = sub.add_parser(name, help=summary,
                         description="Reads a Prometheus scrape of vLLM's /metrics (two scrapes are differenced), vllm bench "
                         "serve result JSON, vLLM 'SpecDecoding metrics:' log lines, or a CSV of accepted lengths per step "
                         "(request_id,class,step,k,accepted) or per request (request_id,class,num_drafts,num_draft_tokens,"

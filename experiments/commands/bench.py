@@ -10,8 +10,8 @@ from experiments.bench import run_bench
 from models.errors import ConfigError
 
 
-def add_parser(sub: Any) -> None:
-    b = sub.add_parser("bench", help="engine speed against a bare SimPy loop")
+def add_parser(sub: Any, name: str, summary: str) -> None:
+    b = sub.add_parser(name, help=summary)
     b.add_argument("--json", action="store_true", help="(always JSON)")
     b.add_argument("--quick", action="store_true", help="1k and 10k requests instead of 10k and 100k")
     b.add_argument("--fusion", default="", metavar="WORKLOADS",

@@ -7,9 +7,8 @@ from typing import Any
 from experiments.calibrate_report import main_calibrate
 
 
-def add_parser(sub: Any) -> None:
-    ca = sub.add_parser("calibrate", help="fit an engine profile's software factors to measured benchmark files "
-                        "(vLLM `bench serve --save-result --save-detailed` JSON or a per-request CSV)")
+def add_parser(sub: Any, name: str, summary: str) -> None:
+    ca = sub.add_parser(name, help=summary)
     ca.add_argument("bench", nargs="+", metavar="BENCH", help="benchmark files, one load point each (JSON with "
                     "--append-result: one per line)")
     ca.add_argument("--scenario", default=None, help="take the deployment (model, GPU, TP, engine, settings) from a scenario")

@@ -10,8 +10,8 @@ from experiments.commands.common import load, scenario_parser
 from sim.simulate import capacity_summary
 
 
-def add_parser(sub: Any) -> None:
-    s = scenario_parser(sub, "capacity", "saturation capacity of a scenario's deployment")
+def add_parser(sub: Any, name: str, summary: str) -> None:
+    s = scenario_parser(sub, name, summary)
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=run)
 

@@ -15,8 +15,8 @@ from models.hf_config import find_user_model, load_config
 from models.memory import plan_memory
 
 
-def add_parser(sub: Any) -> None:
-    c = sub.add_parser("cost", help="what-if step cost of one batch")
+def add_parser(sub: Any, name: str, summary: str) -> None:
+    c = sub.add_parser(name, help=summary)
     c.add_argument("--model", default="llama-3.1-70b", help="a catalogue or ./models.toml name, or a config.json path")
     c.add_argument("--gpu", default="h100-sxm")
     c.add_argument("--tp", type=int, default=4)

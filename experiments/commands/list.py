@@ -9,8 +9,8 @@ from typing import Any
 from experiments.listing import rows, text_table
 
 
-def add_parser(sub: Any) -> None:
-    li = sub.add_parser("list", help="the catalogues: GPUs, models, the sweep's built-in strategies, engine profiles")
+def add_parser(sub: Any, name: str, summary: str) -> None:
+    li = sub.add_parser(name, help=summary)
     li.add_argument("catalogue", choices=["gpus", "models", "strategies", "profiles"])
     li.add_argument("--json", action="store_true", help="records as JSON instead of a table")
     li.set_defaults(fn=run)

@@ -8,8 +8,8 @@ from typing import Any
 from models.hf_config import add_user_model
 
 
-def add_parser(sub: Any) -> None:
-    mo = sub.add_parser("models", help="the user model catalogue (models.toml): add a Hugging Face config.json")
+def add_parser(sub: Any, name: str, summary: str) -> None:
+    mo = sub.add_parser(name, help=summary)
     mo_sub = mo.add_subparsers(dest="models_cmd", required=True)
     ma = mo_sub.add_parser("add", help="register a config.json on disk under a name (no download)")
     ma.add_argument("path", help="a Hugging Face config.json")

@@ -24,8 +24,8 @@ from models import _native
 from models.errors import ConfigError
 
 
-def add_parser(sub: Any) -> None:
-    pl = sub.add_parser("plan", help="capacity plan: smallest rack per strategy meeting the SLO, with cost and quality")
+def add_parser(sub: Any, name: str, summary: str) -> None:
+    pl = sub.add_parser(name, help=summary)
     pl.add_argument("plan_file")
     pl.add_argument("--out", default="results/plan")
     pl.add_argument("--quick", action="store_true", help="shorter runs and coarser analyses")

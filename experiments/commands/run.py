@@ -14,8 +14,8 @@ from sim.metrics import expand_steps
 from sim.simulate import capacity_for, simulate
 
 
-def add_parser(sub: Any) -> None:
-    s = scenario_parser(sub, "run", "simulate one scenario")
+def add_parser(sub: Any, name: str, summary: str) -> None:
+    s = scenario_parser(sub, name, summary)
     s.add_argument("--out", default="results/run")
     s.add_argument("--steps", choices=("runs", "full"), default="runs",
                    help="steps.parquet: fused decode runs as one run-length row each (default), or one row per step")

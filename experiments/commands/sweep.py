@@ -20,8 +20,8 @@ from models import _native
 from models.errors import ConfigError
 
 
-def add_parser(sub: Any) -> None:
-    w = sub.add_parser("sweep", help="utilisation sweep over strategies, with report (default: built-in experiment)")
+def add_parser(sub: Any, name: str, summary: str) -> None:
+    w = sub.add_parser(name, help=summary)
     w.add_argument("sweep_file", nargs="?", default=None)
     w.add_argument("--out", default="results")
     w.add_argument("--quick", action="store_true", help="a small version that finishes in well under a minute")

@@ -11,8 +11,8 @@ from sim.simulate import capacity_for, closed_pool, offered_rate, replica_warmup
 from sim.workload import generate
 
 
-def add_parser(sub: Any) -> None:
-    scenario_parser(sub, "validate", "check a scenario file").set_defaults(fn=run)
+def add_parser(sub: Any, name: str, summary: str) -> None:
+    scenario_parser(sub, name, summary).set_defaults(fn=run)
 
 
 def run(a: argparse.Namespace) -> int:
