@@ -14,7 +14,7 @@ Runs and analyses:
     load_scenario(path, overrides) -> Scenario   read a scenario TOML, with dotted-key overrides
     simulate(scenario, seed) -> Result           one run, a pure function (Result.write(folder) writes it);
                                                  the capacity it needs is measured first (or passed in)
-    capacity(scenario, speculative=False) -> Capacity   the sustainable rate and its closed-loop curve
+    capacity(scenario, speculative=False, store=None) -> Capacity   the sustainable rate and its curve
     sweep(path_or_spec, out=None, ...) -> DataFrame     a sweep file's results table
     plan(path_or_spec, ...) -> DataFrame         the ranked capacity plan (strategy x GPU)
     calibrate(benchmarks, scenario, ...) -> Calibration  fit an engine profile's software factors
