@@ -21,6 +21,7 @@ import simpy
 import models.speculative  # noqa: F401  (imports outside the timing)
 from models import _native
 from models.cost import CostModel
+from sim.capacity import CapacityStore
 from sim.scenario import load_scenario, scenario_from_dict
 from sim.simulate import capacity_for, simulate
 
@@ -65,10 +66,10 @@ def example_scenario():
     return load_scenario(str(path))
 
 
-def bench_point(n_requests: int, utilisation: float = 0.7) -> dict[str, Any]:
+def bench_point(n_requests: int, utilisation: float = 0.7, store: CapacityStore | None = None) -> dict[str, Any]:
     sc = example_scenario().with_overrides({"workload.utilisation": utilisation, "workload.num_requests": n_requests,
                                             "workload.warmup_s": 0})
-    cap = capacity_for(sc)  # measured once, outside the timing
+    cap = capacity_for(sc, store=store)  # measured outside the timing (once across points sharing `store`)
     t = time.perf_counter()
     res = simulate(sc, capacity=cap)
     wall = time.perf_counter() - t
@@ -191,7 +192,8 @@ def run_bench(quick: bool = False, fusion: str = "") -> dict[str, Any]:
         return {"build": _native.build_label(), "fusion": fusion_bench(fusion, quick)}
     sizes = (1_000, 10_000) if quick else (10_000, 100_000)
     bare = bare_simpy_rate()
-    points = [bench_point(n) for n in sizes]
+    store = CapacityStore()  # (the points share one deployment: its capacity is measured once)
+    points = [bench_point(n, store=store) for n in sizes]
     for p in points:
         p["ratio_to_bare_simpy"] = p["steps_per_s"] / bare
     return {"build": _native.build_label(), "bare_simpy_timeouts_per_s": bare, "cost_model": cost_model_us(), "points": points,
