@@ -407,13 +407,12 @@ class Cursor:
         """(q_v, KV blocks the decoding sequences' reservation takes): k + 1 tokens capped by what
         is left, a tree's every node capped by the model's length, one token without speculation.
         (`drop`: decoding entries left out of `dec`, for `PlainCursor`, which counts all of them.)"""
-        C = self.C
         if not k:
-            return 1, sum([1 for e in dec if not C[e] % B])  # (`reserve_need` with q = 1, summed faster)
+            return 1, reserve_need(self.C, self.R, dec, 1, 1, self.rt.max_model_len)
         spec = self.spec
         assert spec is not None
         qv = spec.verify_tokens(k)
-        return qv, reserve_need(C, self.R, dec, k + 1, qv, self.rt.max_model_len)
+        return qv, reserve_need(self.C, self.R, dec, k + 1, qv, self.rt.max_model_len)
 
     def _prefill_plan(self, n_dec: int, qv: int, free: int, partials: list[int] | None = None, admit: bool = True
                       ) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]], int]:

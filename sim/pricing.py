@@ -24,11 +24,11 @@ SPEC_SCALAR_STEPS = 24
 # draft's attention FLOPs per pair, attention peak, KV bytes per token, bandwidth, TP); the plain
 # decode pass's (linear, KV written, communication, overhead, and the same four); the step's (q, pairs of
 # an empty context, the verification's `pass_parts`, the target's four and TP, the draft's, the
-# plain pass's, the machinery's overhead fraction)
+# plain pass's, the machinery's overhead fraction, its host seconds: `host_s`)
 DraftParts = tuple[float, float, float, float, float, float, float, float, float, float, float, float, int]
 PlainParts = tuple[float, float, float, float, float, float, float, float]
 StepParts = tuple[int, float, float, float, float, float, float, float, float, float, float, float, float, int,
-                  DraftParts | None, PlainParts | None, float | None]
+                  DraftParts | None, PlainParts | None, float | None, float]
 
 
 class VerifyPlan(NamedTuple):
@@ -204,7 +204,7 @@ class StepPricer:
         # (context ctx, pairs ctx q + n q (q + 1) / 2), k draft passes at the mean draft context,
         # and the plain decode pass the machinery's overhead is a fraction of
         (q, pairs0, lin, kv_w, w, act, comm_s, over_s, lin_f, apf, peak, kvb, bw, tp,
-         draft_p, plain_p, frac) = pr
+         draft_p, plain_p, frac, host) = pr
         attn_f = apf * (ctx * q + pairs0)
         attn_c = attn_f / peak
         kv_r = kvb * ctx
@@ -231,9 +231,9 @@ class StepPricer:
             p_attn_c = p_apf * (ctx + n_dec) / p_peak
             p_attn_m = (p_kvb * ctx + p_kv_w) / p_bw
             over = (p_lin + (p_attn_c if p_attn_c > p_attn_m else p_attn_m) + p_comm + p_over) * frac
-            over += self.host_s(n_dec, k)
+            over += host
         else:
-            over = total * frac + self.host_s(n_dec, k)
+            over = total * frac + host
         return step + over, total, draft, over, flops, nbytes
 
     def shape_step(self, n_dec: int, ctx: float, k: int) -> tuple[float, float, float, float, float, float]:
@@ -303,7 +303,7 @@ class StepPricer:
                        cost.bw)
         return (q, n_dec * q * (q + 1) / 2.0, lin, kv_w, w, act, comm_s, over_s, lin_f, cost.attn_flops_per_pair,
                 cost._peak_attn, cost.kv_bytes_per_token_gpu, cost.bw, cost.tp, draft_p, plain_p,
-                self.overhead_frac(n_dec) if self.speculating else None)
+                self.overhead_frac(n_dec) if self.speculating else None, self.host_s(n_dec, k))
 
     def spec_cost_many(self, n_dec: int, ctx: np.ndarray, k: int) -> tuple[Any, ...]:
         """`spec_cost` of decode-only steps (every sequence decoding, no prefill) at each context

@@ -129,28 +129,20 @@ def whole_fits(tokens: int, blocks: int, budget: int, alone: bool, free: int) ->
     return (tokens <= budget or alone) and blocks <= free
 
 
-def reserved_tokens(c: int, left: int, q: int, qv: int, max_len: int) -> int:
-    """Tokens a decoding sequence at context c, with `left` output tokens left, reserves KV for in a
-    step verifying q = k + 1 tokens (rule 1): one without drafts (a running sequence always has one
-    left); a tree's every node, qv, never past the model's length (vLLM and SGLang reserve slots for
-    the whole tree); else k + 1, never past its remaining output. (`reserve_decode` is this rule over
-    the slot arrays.)"""
-    if q == 1:
-        return 1
-    if qv != q:
-        return qv if qv < max_len - c else max_len - c
-    return q if q < left else left
-
-
 def reserve_need(C: list[int], R: list[int], entries: list[int], q: int, qv: int, max_len: int) -> int:
-    """KV blocks the decoding `entries` (contexts C, tokens left R) take for their reservation
-    beyond the ceil(context / B) each holds (`reserved_tokens`)."""
-    need = 0
-    for e in entries:
-        c = C[e]
-        need += (c + reserved_tokens(c, R[e], q, qv, max_len) + (BLOCK_SIZE - 1)) // BLOCK_SIZE - (
-            c + (BLOCK_SIZE - 1)) // BLOCK_SIZE
-    return need
+    """Rule 1 in scalars: the KV blocks the decoding `entries` (contexts C, tokens left R) take for a
+    step verifying q = k + 1 tokens, beyond the ceil(context / B) each holds. A sequence reserves
+    one token without drafts (a running sequence always has one left); a tree's every node, qv,
+    never past the model's length (vLLM and SGLang reserve slots for the whole tree); else k + 1,
+    never past its remaining output. (`reserve_decode` is this rule over the slot arrays;
+    tests/test_engine.py holds the two equal.)"""
+    B = BLOCK_SIZE
+    if q == 1:
+        return sum([1 for e in entries if not C[e] % B])
+    if qv != q:
+        return sum([(C[e] + (qv if qv < max_len - C[e] else max_len - C[e]) + (B - 1)) // B - (C[e] + (B - 1)) // B
+                    for e in entries])
+    return sum([(C[e] + (q if q < R[e] else R[e]) + (B - 1)) // B - (C[e] + (B - 1)) // B for e in entries])
 
 
 def new_blocks_first(hist: list[int], S: int) -> list[int]:
@@ -306,7 +298,7 @@ class StepPlan:
 def reserve_decode(rep: ReplicaState, k: int, qv: int, matched: np.ndarray | None, dec: np.ndarray,
                    all_dec: bool) -> tuple[np.ndarray, bool]:
     """Rule 1's reservation over the slot arrays: KV blocks for the tokens each decoding sequence
-    can write this step (`reserved_tokens`, vectorised; with suffix matches one token where none
+    can write this step (`reserve_need`'s rule, vectorised; with suffix matches one token where none
     matched), preempting the youngest while blocks run short. Returns the decoding flags over the
     sequences left and whether it preempted. (tests/test_engine.py checks it against the scalar rule.)"""
     rt = rep.rt

@@ -326,7 +326,7 @@ def test_backlog_stop_from_the_bound_is_the_exact_sums_stop(make_scenario, monke
                                   {"method": "tree", "num_speculative_tokens": 3, "tree_branching": [3, 2, 1]}])
 def test_the_ordinary_reservation_is_the_scalar_rule(make_scenario, spec) -> None:
     """The ordinary step reserves KV over the slot arrays (`sim.step.reserve_decode`, vectorised);
-    the fused runs and the rack planner with the scalar rule (`reserve_need`, `reserved_tokens`):
+    the fused runs and the rack planner with the scalar rule (`reserve_need`):
     on random running batches (contexts near block boundaries and the model's length, few tokens
     left) both take the same blocks at every k."""
     import simpy
