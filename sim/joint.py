@@ -58,15 +58,15 @@ from sim.pricing import VerifyPlan
 from sim.state import LIVE, FuseBound, ReplicaState
 from sim.step import (
     blocks_over,
-    chunk_blocks,
-    chunk_tokens,
     decode_clock_steps,
     decode_one,
     decode_spec,
     kv_steps,
     new_blocks_first,
     prefill_budget,
+    prefill_chunk,
     prefill_sums,
+    prefill_sums_one,
     reserve_need,
     whole_fits,
 )
@@ -416,8 +416,8 @@ class Cursor:
 
     def _prefill_plan(self, n_dec: int, qv: int, free: int, partials: list[int] | None = None, admit: bool = True
                       ) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]], int]:
-        """The step's prefill chunks by the rules `sim.step.plan_prefill` follows (`chunk_tokens`,
-        `chunk_blocks`, `whole_fits`): the token budget
+        """The step's prefill chunks by the rules `sim.step.plan_prefill` follows (`prefill_chunk`,
+        `whole_fits`): the token budget
         left after the decodes goes to the partial prefills in slot order, then to the waiting
         requests arrived by t, FCFS, while a slot and a free block remain (a prompt chunked in the
         budget and the blocks left, or whole without chunked prefill). Returns the partials'
@@ -434,7 +434,7 @@ class Cursor:
             if budget <= 0:
                 break
             have = ((C[e] + (B - 1)) // B) * B - C[e]  # room in its blocks
-            c, extra = chunk_blocks(chunk_tokens(TGT[e] - C[e], budget, budget == full, chunked), have, free)
+            c, extra = prefill_chunk(TGT[e] - C[e], have, budget, budget == full, chunked, free)
             free -= extra
             if c <= 0:
                 break
@@ -452,7 +452,7 @@ class Cursor:
             alone = budget == full
             if not chunked and not whole_fits(tokens, -(-tokens // B), budget, alone, free):
                 break  # it waits whole
-            c, extra = chunk_blocks(chunk_tokens(tokens, budget, alone, chunked), 0, free)
+            c, extra = prefill_chunk(tokens, 0, budget, alone, chunked, free)
             free -= extra
             adm.append((rid, c, tokens))
             budget -= c
@@ -510,8 +510,12 @@ class Cursor:
             n_pre = len(parts) + len(adm)
             if not n_dec and not n_pre:
                 return HARD  # nothing fits: the ordinary step preempts
-            pre_tokens, pre_ctx, pre_pairs = prefill_sums([c for _, c in parts] + [c for _, c, _ in adm],
-                                                          [self.C[e] for e, _ in parts] + [0] * len(adm))
+            if n_pre == 1:  # (the usual case: no lists)
+                e_or_r, c = parts[0] if parts else adm[0][:2]
+                pre_tokens, pre_ctx, pre_pairs = prefill_sums_one(c, self.C[e_or_r] if parts else 0)
+            else:
+                pre_tokens, pre_ctx, pre_pairs = prefill_sums([c for _, c in parts] + [c for _, c, _ in adm],
+                                                              [self.C[e] for e, _ in parts] + [0] * len(adm))
             ctx = float(self.ctx - vctx) if n_dec else 0.0
             if spec is None:
                 total, flops, nbytes = rep.price.plain_step(n_dec, ctx, n_pre, pre_tokens, pre_ctx, pre_pairs)

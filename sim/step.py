@@ -110,10 +110,11 @@ def chunk_tokens(remaining: int, budget: int, alone: bool, chunked: bool) -> int
     return remaining if remaining < budget else budget
 
 
-def chunk_blocks(c: int, have: int, free: int) -> tuple[int, int]:
-    """(tokens, new KV blocks) of a prefill chunk of c tokens with `have` tokens of room in the
-    blocks its sequence holds: the blocks beyond that room, as many as are free (the chunk then
-    shrinks to what they hold)."""
+def prefill_chunk(remaining: int, have: int, budget: int, alone: bool, chunked: bool, free: int) -> tuple[int, int]:
+    """(tokens, new KV blocks) of a prefill chunk: `chunk_tokens` of what is left, then the blocks
+    beyond the `have` tokens of room in those its sequence holds, as many as are free (the chunk
+    then shrinks to what they hold)."""
+    c = chunk_tokens(remaining, budget, alone, chunked)
     if c <= have:
         return c, 0
     extra = -(-(c - have) // BLOCK_SIZE)
@@ -185,13 +186,18 @@ def decode_clock_steps(cost: CostModel, n: int, ctx0: float, d0: float, t: float
     return k, slope, st
 
 
+def prefill_sums_one(chunk: int, ctx: int) -> tuple[float, float, float]:
+    """`prefill_sums` of one chunk (the usual case, without lists): the same figures (exact)."""
+    tokens, c = float(chunk), float(ctx)
+    return tokens, c, tokens * c + 0.5 * (tokens * (tokens + 1.0))
+
+
 def prefill_sums(chunks: list[int], ctxs: list[int]) -> tuple[float, float, float]:
     """(tokens, contexts, attention pairs) of a step's prefill chunks, chunk c at context x attending
     to c x + c (c + 1) / 2 pairs: what the pricer charges for them (`StepPricer.spec_cost`). The
     sums are of integers, so exact whatever their order."""
     if len(chunks) == 1:  # (the usual case)
-        tokens, ctx = float(chunks[0]), float(ctxs[0])
-        return tokens, ctx, tokens * ctx + 0.5 * (tokens * (tokens + 1.0))
+        return prefill_sums_one(chunks[0], ctxs[0])
     if not chunks:
         return 0.0, 0.0, 0.0
     pairs = float(sum([c * x for c, x in zip(chunks, ctxs, strict=True)])) + 0.5 * float(sum([c * (c + 1) for c in chunks]))
@@ -261,9 +267,8 @@ def fit_chunk(rep: ReplicaState, i: int, budget: int, alone: bool = False) -> in
     reserves its blocks. Without chunked prefill the whole remainder (which _fits_whole
     checked), even past the budget when it goes alone."""
     remaining = int(rep.target[i] - rep.computed[i])
-    c = chunk_tokens(remaining, budget, alone, rep.rt.chunked_prefill)
     have = int(rep.blocks[i]) * BLOCK_SIZE - int(rep.computed[i])  # room in held blocks
-    c, extra = chunk_blocks(c, have, rep.free_blocks)
+    c, extra = prefill_chunk(remaining, have, budget, alone, rep.rt.chunked_prefill, rep.free_blocks)
     if extra:
         rep.blocks[i] += extra
         rep.free_blocks -= extra
@@ -377,7 +382,8 @@ def plan_step(rep: ReplicaState, separate: bool, decode_due: bool) -> StepPlan:
         if rep.n_running:
             rep.preempt_youngest()
         return step
-    step.pre_tokens, step.pre_ctx, step.pre_pairs = prefill_sums(chunks, rep.computed[chunk_idx].tolist())
+    if chunk_idx:
+        step.pre_tokens, step.pre_ctx, step.pre_pairs = prefill_sums(chunks, rep.computed[chunk_idx].tolist())
     ctx_dec = float(rep.computed[step.ds].sum()) if step.n_dec else 0.0
     (step.total_s, step.target_s, step.draft_s, step.over_s, step.flops, step.nbytes) = rep.price.spec_cost(
         step.n_dec, ctx_dec, step.k, len(chunk_idx), step.pre_tokens, step.pre_ctx, step.pre_pairs, plan)
