@@ -20,7 +20,8 @@ Runs and analyses:
     calibrate(benchmarks, scenario, ...) -> Calibration  fit an engine profile's software factors
     fit_acceptance(files, ...) -> (fits, notes)  fit acceptance to vLLM metrics, bench JSON, logs or CSV
 
-Types: Result, Scenario, Capacity, ConfigError (every bad input, with a one-line message).
+Types: Result, Scenario, Capacity, CapacityStore (capacities kept for the next runs: pass store=), ConfigError
+(every bad input, with a one-line message).
 Catalogues (dicts by name): GPUS, MODELS, PROFILES (engine profiles).
 Helpers: builtin_strategies() (the default sweep's variants by name, usable in plan files) and
 flatten(summary) (a summary dict to the one flat row of a results table).
@@ -49,7 +50,8 @@ if TYPE_CHECKING:
     from models.engines import PROFILES as PROFILES
     from models.errors import ConfigError as ConfigError
     from sim.capacity import Capacity as Capacity
-    from sim.capacity import CapacityStore, RunCapacity
+    from sim.capacity import CapacityStore as CapacityStore
+    from sim.capacity import RunCapacity
     from sim.capacity import capacity as capacity
     from sim.scenario import Scenario as Scenario
     from sim.scenario import load_scenario as load_scenario
@@ -63,6 +65,7 @@ __all__ = [
     "MODELS",
     "PROFILES",
     "Capacity",
+    "CapacityStore",
     "ConfigError",
     "Result",
     "Scenario",
@@ -80,7 +83,8 @@ __all__ = [
 # name -> module it is re-exported from, imported on first access (PEP 562)
 _LAZY = {
     "GPUS": "models.catalog", "MODELS": "models.catalog", "PROFILES": "models.engines",
-    "ConfigError": "models.errors", "Capacity": "sim.capacity", "capacity": "sim.capacity",
+    "ConfigError": "models.errors", "Capacity": "sim.capacity", "CapacityStore": "sim.capacity",
+    "capacity": "sim.capacity",
     "Scenario": "sim.scenario", "load_scenario": "sim.scenario", "Result": "sim.simulate",
     "flatten": "sim.simulate", "calibrate": "experiments.calibrate_report",
     "builtin_strategies": "experiments.planfile",

@@ -42,7 +42,8 @@ def test_import_in_a_fresh_interpreter_is_cheap_and_every_name_resolves() -> Non
 
 def test_all_names_resolve_with_docstrings() -> None:
     expected = {"load_scenario", "simulate", "capacity", "sweep", "plan", "calibrate", "fit_acceptance", "Result",
-                "Scenario", "Capacity", "ConfigError", "GPUS", "MODELS", "PROFILES", "builtin_strategies", "flatten"}
+                "Scenario", "Capacity", "CapacityStore", "ConfigError", "GPUS", "MODELS", "PROFILES", "builtin_strategies",
+                "flatten"}
     assert set(specrack.__all__) == expected
     for name in specrack.__all__:
         obj = getattr(specrack, name)
