@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.images import check_images, image_formats, write_images
+from experiments.images import image_formats, write_images
 from experiments.report import colour_of
 from models.errors import ConfigError
 
@@ -285,9 +285,7 @@ def terminal_text(table: pd.DataFrame) -> str:
 
 
 def main_compare(a: Any) -> int:
-    formats = image_formats(a)
-    if formats:
-        check_images()  # before any work
+    formats = image_formats(a)  # (Kaleido checked before any work)
     out = Path(a.out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a folder; name a folder for compare.csv and compare.html")

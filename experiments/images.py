@@ -13,8 +13,12 @@ FORMATS = ("png", "svg")
 
 
 def image_formats(a: Any) -> list[str]:
-    """The formats asked for on the command line (`--png`, `--svg`)."""
-    return [f for f in FORMATS if getattr(a, f, False)]
+    """The formats asked for on the command line (`--png`, `--svg`), Kaleido checked when any is
+    (`check_images`: call this before any work)."""
+    formats = [f for f in FORMATS if getattr(a, f, False)]
+    if formats:
+        check_images()
+    return formats
 
 
 def check_images() -> None:

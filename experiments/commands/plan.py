@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from experiments.commands.common import image_flags
-from experiments.images import check_images, image_formats
+from experiments.images import image_formats
 from experiments.plan import load_plan, run_tables
 from experiments.plan_day import print_day, run_day
 from experiments.plan_report import plan_images, write_plan_report
@@ -37,9 +37,7 @@ def add_parser(sub: Any, name: str, summary: str) -> None:
 
 def run(a: argparse.Namespace) -> int:
     """`specrack plan`, with --png/--svg: Kaleido checked before any run, the figures after."""
-    formats = image_formats(a)
-    if formats:
-        check_images()  # before any run
+    formats = image_formats(a)  # (Kaleido checked before any run)
     code = main_plan(a)
     images = plan_images(Path(a.out), formats) if code == 0 else []
     if formats:

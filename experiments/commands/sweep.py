@@ -13,7 +13,7 @@ import pandas as pd
 
 from experiments.analysis import crossovers, speedups
 from experiments.commands.common import image_flags
-from experiments.images import check_images, image_formats, write_images
+from experiments.images import image_formats, write_images
 from experiments.report import report_figures, write_report
 from experiments.sweep import check_out_dir, curve_rows, executor_for, load_sweep, run_sweep, write_tables
 from models import _native
@@ -35,9 +35,7 @@ def add_parser(sub: Any, name: str, summary: str) -> None:
 
 
 def run(a: argparse.Namespace) -> int:
-    formats = image_formats(a)
-    if formats:
-        check_images()  # before any run
+    formats = image_formats(a)  # (Kaleido checked before any run)
 
     if a.jobs is not None and a.jobs < 1:
         raise ConfigError(f"--jobs must be a positive number of parallel processes, got {a.jobs}")
