@@ -299,23 +299,25 @@ def plan_points(spec: SweepSpec, jobs: int | None = 1, pool: cf.Executor | None 
     if pool is not None:
         futs = {k: pool.submit(_own_capacity, sc) for k, sc in todo.items()}
         ref_cap = futs[ref_key].result()
-        return _tasks(spec, scs, ref_key, ref_cap), {"_pending": {"futures": futs, "keys": keys, "ref": ref_cap}}
+        return _tasks(spec, scs, ref_key, {ref_key: ref_cap}), {"_pending": {"futures": futs, "keys": keys, "ref": ref_cap}}
     workers = min(jobs or os.cpu_count() or 1, len(todo))
     if workers > 1:
         with cf.ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent, initargs=(os.getpid(),)) as ex:
             measured = dict(zip(todo, ex.map(_own_capacity, todo.values()), strict=True))
     else:
         measured = {k: _own_capacity(sc) for k, sc in todo.items()}
-    return _tasks(spec, scs, ref_key, measured[ref_key]), _caps(spec, keys, measured, measured[ref_key])
+    return _tasks(spec, scs, ref_key, measured), _caps(spec, keys, measured, measured[ref_key])
 
 
-def _tasks(spec: SweepSpec, scs: list[Scenario], ref_key: str, ref_cap: Capacity) -> list[dict[str, Any]]:
+def _tasks(spec: SweepSpec, scs: list[Scenario], ref_key: str, known: dict[str, Capacity]) -> list[dict[str, Any]]:
     """Every (variant, utilisation, seed) point, each variant offered u x the reference capacity,
     with the capacity its run needs besides (`sim.capacity.capacity_for`: a follow-load policy's or
-    a target-utilisation autoscaler's reference; measured here, once per deployment, when it is not
-    the reference's)."""
+    a target-utilisation autoscaler's reference; measured here, once per deployment, unless `known`
+    has it: the capacities measured so far, by key)."""
+    ref_cap = known[ref_key]
     store = CapacityStore()
-    store.remember(ref_key, ref_cap)
+    for key, cap in known.items():
+        store.remember(key, cap)
     tasks: list[dict[str, Any]] = []
     for v, sc_v in zip(spec.variants, scs, strict=True):
         run_cap = capacity_for(sc_v.with_overrides({"workload.rate_rps": ref_cap.rps}), store=store)

@@ -258,9 +258,7 @@ def replica_capacity(sc: Scenario, rt: ReplicaRuntime, capacity: RunCapacity | N
     if not ((sc.autoscale is not None and sc.autoscale.policy == "target_utilisation")
             or (spec is not None and spec.policy == "follow_load")):
         return None
-    if capacity is None:
-        raise _missing(sc, "autoscale.policy 'target_utilisation' or speculative.policy 'follow_load'",
-                       "capacity_for(sc)")
+    assert capacity is not None  # (`simulate` has already named the fix when it is missing)
     return capacity.baseline.rps / rt.num_replicas
 
 
