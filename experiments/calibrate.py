@@ -42,9 +42,12 @@ from sim.workload import LengthSampler, streams
 FIT_METRICS = ("mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms", "mean_ttft_ms", "median_ttft_ms",
                "request_throughput", "output_throughput")
 # bounds and scales of the software factors in a fit
-SOFTWARE_LO = {"step_overhead_s": 0.0, "layer_overhead_s": 0.0, "seq_overhead_s": 0.0, "frontend_s": 0.0, "draft_pass_overhead_s": 0.0}
-SOFTWARE_HI = {"step_overhead_s": 0.03, "layer_overhead_s": 3e-4, "seq_overhead_s": 5e-4, "frontend_s": 1.0, "draft_pass_overhead_s": 0.01}
-SOFTWARE_SCALE = {"step_overhead_s": 1e-3, "layer_overhead_s": 1e-5, "seq_overhead_s": 1e-5, "frontend_s": 1e-2, "draft_pass_overhead_s": 1e-3}
+SOFTWARE_LO = {"step_overhead_s": 0.0, "layer_overhead_s": 0.0, "seq_overhead_s": 0.0, "frontend_s": 0.0, "draft_pass_overhead_s": 0.0,
+               "sched_step_s": 0.0, "sched_seq_s": 0.0, "output_seq_s": 0.0}
+SOFTWARE_HI = {"step_overhead_s": 0.03, "layer_overhead_s": 3e-4, "seq_overhead_s": 5e-4, "frontend_s": 1.0, "draft_pass_overhead_s": 0.01,
+               "sched_step_s": 0.03, "sched_seq_s": 5e-4, "output_seq_s": 5e-4}
+SOFTWARE_SCALE = {"step_overhead_s": 1e-3, "layer_overhead_s": 1e-5, "seq_overhead_s": 1e-5, "frontend_s": 1e-2, "draft_pass_overhead_s": 1e-3,
+                  "sched_step_s": 1e-3, "sched_seq_s": 1e-5, "output_seq_s": 1e-5}
 
 
 @dataclass(frozen=True)

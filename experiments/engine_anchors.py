@@ -27,7 +27,7 @@ from experiments.calibrate import (
 )
 from models.calibration import ANCHORS as STEP_ANCHORS
 from models.calibration import predict
-from models.engines import efficiency_for, get_profile
+from models.engines import SOFTWARE_FIELDS, efficiency_for, get_profile
 from sim.scenario import LogNormal
 from sim.workload import LengthSampler
 
@@ -60,24 +60,32 @@ class Anchor:
     deployment: dict[str, Any]  # the benchmark's engine settings (overrides of the profile)
     mean_in: float
     mean_out: float
-    points: tuple[tuple[str, int, float, dict[str, float]], ...]  # (label, prompts, rate, measured)
+    # (label, prompts, rate, measured) or (label, prompts, rate, measured, max_concurrency)
+    points: tuple[tuple[Any, ...], ...]
     source: str
     note: str = ""
     role: str = "fit"  # "fit" | "check"
     seed: int = 0  # of the drawn lengths
+    same_prompts: bool = False  # every point sends the same prompts (a fixed-seed benchmark sample)
 
     def load_points(self) -> list[LoadPoint]:
         out = []
-        for i, (label, n, rate, measured) in enumerate(self.points):
-            p = lengths_from(sharegpt_like("prompt_tokens", self.mean_in), n, self.seed + 2 * i, "prompt_tokens")
-            o = lengths_from(sharegpt_like("output_tokens", self.mean_out), n, self.seed + 2 * i + 1, "output_tokens")
-            out.append(LoadPoint(f"{self.name}@{label}", p, o, rate, measured=measured, source=self.source))
+        for i, (label, n, rate, measured, *conc) in enumerate(self.points):
+            s = self.seed + (0 if self.same_prompts else 2 * i)
+            p = lengths_from(sharegpt_like("prompt_tokens", self.mean_in), n, s, "prompt_tokens")
+            o = lengths_from(sharegpt_like("output_tokens", self.mean_out), n, s + 1, "output_tokens")
+            out.append(LoadPoint(f"{self.name}@{label}", p, o, rate, max_concurrency=conc[0] if conc else None,
+                                 measured=measured, source=self.source))
         return out
 
 
 _V060_BLOG = "vLLM v0.6.0 performance blog (blog.vllm.ai, 2024-09-05), charts read by eye; shared/reference/README.md"
 _SGL_060 = ("sgl-project/sglang benchmark/benchmark_vllm_060/README.md (SGLang 0.3.0 vs vLLM 0.6.0, "
             "sglang.bench_serving ShareGPT, Poisson; medians)")
+_GPUSTACK = ("GPUStack performance lab, docs/performance-lab/qwen3-8b/h100-latency.md (gpustack/gpustack): "
+             "`vllm bench serve` ShareGPT, 100 prompts, --max-concurrency N; shared/reference/README.md. "
+             "`vllm bench serve` samples its prompts with a fixed seed, so every concurrency and engine sends the same "
+             "100; seed 84 draws 100 whose means are within 2% of the published ones")
 _B1 = "vllm-project/vllm PR #18566 (2025-05), `vllm bench serve` ShareGPT 1000 prompts, rate inf, server defaults"
 
 ANCHORS: tuple[Anchor, ...] = (
@@ -90,6 +98,21 @@ ANCHORS: tuple[Anchor, ...] = (
             ("qps16", 500, 16.0, {"mean_tpot_ms": 40.0}), ("qps32", 500, 32.0, {"mean_tpot_ms": 55.0}),
             ("inf", 500, INF, {"request_throughput": 17.3})),
            _V060_BLOG, "Llama-3-70B BF16 (Llama-3.1-70B's architecture), 500 ShareGPT prompts, avg 202 in / 179 out"),
+    # the blog's gains of its two host-overlap features on this deployment, each as the anchor above
+    # without it: "[multi-step scheduling] improves the throughput of running Llama 70B models on
+    # 4xH100 by 28%"; "[asynchronous output processing] improves the time-per-output-token of
+    # running Llama 70B models on 4xH100 by 8.7%" (read at the blog's TPOT load, QPS 32); each draws
+    # the same prompts as the anchor's point it varies (`seed`)
+    Anchor("vllm060-blog-70b-no-multistep", "vllm-0.6", "llama-3.1-70b", "h100-sxm", 4,
+           {"max_num_seqs": 512, "scheduler_steps": 1, "max_num_batched_tokens": 8192},
+           202, 179,
+           (("inf", 500, INF, {"request_throughput": 17.3 / 1.28}),),
+           _V060_BLOG, "saturation throughput without multi-step scheduling: 17.3 req/s / 1.28", seed=8),
+    Anchor("vllm060-blog-70b-no-async-output", "vllm-0.6", "llama-3.1-70b", "h100-sxm", 4,
+           {"max_num_seqs": 512, "scheduler_steps": 10, "max_num_batched_tokens": 8192, "async_output": False},
+           202, 179,
+           (("qps32", 500, 32.0, {"mean_tpot_ms": 55.0 / (1.0 - 0.087)}),),
+           _V060_BLOG, "mean TPOT at QPS 32 without async output processing: 55 ms / (1 - 0.087)", seed=8),
     Anchor("sglang-readme-vllm060-70b", "vllm-0.6", "llama-3.1-70b", "h100-sxm", 4,
            # --num-scheduler-steps 10 --max_model_len 4096: no chunked prefill, budget 4096, 256 seqs
            {"max_num_seqs": 256, "scheduler_steps": 10, "max_num_batched_tokens": 4096},
@@ -106,6 +129,24 @@ ANCHORS: tuple[Anchor, ...] = (
             ("rps8", 2400, 8.0, {"median_tpot_ms": 33.07, "median_ttft_ms": 58.11, "median_itl_ms": 24.45}),
             ("inf", 5000, INF, {"request_throughput": 19.84, "output_throughput": 3856.01})),
            _SGL_060, "SGLang 0.3.0 --disable-radix-cache --tp 4, Llama-3.1-70B-Instruct BF16"),
+    Anchor("gpustack-vllm011-qwen3-8b", "vllm-v1", "qwen3-8b", "h100-sxm", 1,
+           {},
+           233, 221,
+           (("c1", 100, INF, {"mean_tpot_ms": 7.28, "mean_ttft_ms": 59.0, "output_throughput": 132.9}, 1),
+            ("c2", 100, INF, {"mean_tpot_ms": 7.37, "mean_ttft_ms": 63.8, "output_throughput": 257.2}, 2),
+            ("c4", 100, INF, {"mean_tpot_ms": 7.38, "mean_ttft_ms": 64.0, "output_throughput": 496.9}, 4),
+            ("c8", 100, INF, {"mean_tpot_ms": 7.71, "mean_ttft_ms": 74.6, "output_throughput": 917.3}, 8)),
+           _GPUSTACK, "vLLM 0.11.0 (V1), Qwen3-8B BF16 on 1x H100 SXM, ShareGPT ~233 in / ~221 out", seed=84, same_prompts=True),
+    Anchor("gpustack-sglang053-qwen3-8b", "sglang-0.5", "qwen3-8b", "h100-sxm", 1,
+           {},
+           233, 221,
+           (("c4", 100, INF, {"mean_tpot_ms": 7.19, "mean_ttft_ms": 27.7, "output_throughput": 525.6}, 4),),
+           _GPUSTACK, "SGLang 0.5.3.post3, Qwen3-8B BF16 on 1x H100 SXM, ShareGPT ~233 in / ~221 out", seed=84, same_prompts=True),
+    Anchor("gpustack-trtllm12-qwen3-8b", "trtllm-1.2", "qwen3-8b", "h100-sxm", 1,
+           {},
+           233, 221,
+           (("c4", 100, INF, {"mean_tpot_ms": 7.67, "mean_ttft_ms": 51.6, "output_throughput": 487.4}, 4),),
+           _GPUSTACK, "TensorRT-LLM 1.2.0rc1, Qwen3-8B BF16 on 1x H100 SXM, ShareGPT ~233 in / ~221 out", seed=84, same_prompts=True),
     Anchor("vllm-v1-8b-sharegpt-inf", "vllm-v1", "llama-3.1-8b", "h100-sxm", 1,
            {},
            230, 203,
@@ -139,18 +180,29 @@ ANCHORS: tuple[Anchor, ...] = (
 # per layer (graph replays, launches and tensor-parallel syncs happen per layer, so a model with
 # fewer layers pays less), the host cost per running sequence, and the frontend latency; the
 # per-step constant is held at 0 (on one model it cannot be told apart from the per-layer one).
-# vllm-v1 has no whole-system anchor we can trust (its one benchmark, a check below, ran on an
-# unnamed GPU with a client-side send backlog): it holds the host and GPU-side fixed costs of
-# vllm-0.6 (the same server family, V0 with multi-step scheduling, the configuration whose
-# overhead work V1 made the default) and fits only its per-draft-pass overhead, to the draft-cost
-# ratios measured on vLLM 0.10.1. vllm-0.6 and sglang hold that one from vllm-v1 (their anchors
-# have no drafts).
-FIT_FIELDS = {"vllm-0.6": ("layer_overhead_s", "seq_overhead_s", "frontend_s"),
+# vllm-v1 fits its own to vLLM 0.11's concurrency curve (GPUStack) together with its per-draft-pass
+# overhead, to the draft-cost ratios measured on vLLM 0.10.1. vllm-0.6 and sglang (anchors without
+# drafts) keep the per-draft-pass overhead those ratios gave before vllm-v1 had its own fixed costs
+# (models.engines: a profile stays as it was fitted).
+FIT_FIELDS = {"vllm-0.6": ("layer_overhead_s", "seq_overhead_s", "frontend_s", "sched_seq_s", "output_seq_s"),
               "sglang": ("layer_overhead_s", "seq_overhead_s", "frontend_s"),
-              "vllm-v1": ("draft_pass_overhead_s",)}
-HELD_FROM = {"vllm-v1": {f: "vllm-0.6" for f in ("step_overhead_s", "layer_overhead_s", "seq_overhead_s", "frontend_s")},
-             "vllm-0.6": {"draft_pass_overhead_s": "vllm-v1"}, "sglang": {"draft_pass_overhead_s": "vllm-v1"}}
-FIT_ORDER = ("vllm-0.6", "sglang", "vllm-v1")
+              "vllm-v1": ("layer_overhead_s", "seq_overhead_s", "frontend_s", "draft_pass_overhead_s"),
+              # one concurrency point each: the fixed cost per layer and the frontend
+              "sglang-0.5": ("layer_overhead_s", "frontend_s"), "trtllm-1.2": ("layer_overhead_s", "frontend_s")}
+# factors held from another profile's: field -> "profile" (the same field) or "profile.field".
+# sglang-0.5's overlapped host cost per sequence is SGLang 0.3's serial one (it had no overlap
+# scheduler); its per-draft-pass overhead is the sglang profile's
+HELD_FROM: dict[str, dict[str, str]] = {
+    "sglang-0.5": {"output_seq_s": "sglang.seq_overhead_s", "draft_pass_overhead_s": "sglang"},
+    "trtllm-1.2": {"draft_pass_overhead_s": "sglang"},
+}
+
+
+def held_source(field: str, src: str) -> tuple[str, str]:
+    """(profile, field) a held factor comes from (`HELD_FROM`)."""
+    prof, _, name = src.partition(".")
+    return prof, name or field
+FIT_ORDER = ("vllm-0.6", "sglang", "vllm-v1", "sglang-0.5", "trtllm-1.2")
 FIT_FIGURES = ("mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "median_itl_ms", "mean_ttft_ms", "median_ttft_ms",
                "request_throughput", "output_throughput")
 
@@ -189,9 +241,10 @@ def evaluate(profile: str, factors: dict[str, float], *, leave_out: str | None =
 
 def current(profile: str) -> dict[str, float]:
     """The profile's committed software factors (held ones taken from their source profile)."""
-    soft = dict(get_profile(profile).software)
+    soft = {**dict.fromkeys(SOFTWARE_FIELDS, 0.0), **get_profile(profile).software}
     for f, src in HELD_FROM.get(profile, {}).items():
-        soft[f] = get_profile(src).software[f]
+        prof, name = held_source(f, src)
+        soft[f] = get_profile(prof).software[name]
     return soft
 
 
@@ -263,7 +316,8 @@ def _main() -> None:
     if a.fit:
         held: dict[str, dict[str, float]] = {}
         for prof in FIT_ORDER:
-            src = {f: held[p][f] for f, p in HELD_FROM.get(prof, {}).items() if p in held}
+            src = {f: held[p][n] for f, s in HELD_FROM.get(prof, {}).items()
+                   for p, n in [held_source(f, s)] if p in held}
             f, mape = fit_profile(prof, held=src)
             held[prof] = f
             print(f"{prof}: {json.dumps({k: float(f'{v:.4g}') for k, v in f.items()})} (MAPE {mape:.1f}%)", flush=True)

@@ -183,6 +183,10 @@ MODELS: dict[str, LLM] = {
             3212749824, 3212749824, _LLAMA3),
         LLM("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", 24, 896, 14, 2, 64, 4864, 151936, True,
             494032768, 494032768, _QWEN25),
+        # Qwen2-0.5B-Instruct with the Llama-3 vocabulary swapped in (a draft for Llama-3-70B): Qwen2-0.5B's
+        # figures with vocab 128256 (tied embeddings: 494,032,768 - (151,936 - 128,256) x 896 parameters)
+        LLM("qwama-0.5b", "turboderp/Qwama-0.5B-Instruct", 24, 896, 14, 2, 64, 4864, 128256, True,
+            472815488, 472815488, _LLAMA3, source=_hf("turboderp/Qwama-0.5B-Instruct")),
         LLM("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B", 28, 1536, 12, 2, 128, 8960, 151936, True,
             1543714304, 1543714304, _QWEN25),
         LLM("qwen2.5-7b", "Qwen/Qwen2.5-7B", 28, 3584, 28, 4, 128, 18944, 152064, False,

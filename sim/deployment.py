@@ -11,6 +11,7 @@ import numpy as np
 from models.calibration import load_efficiency
 from models.catalog import GPU, LLM, get_gpu, get_model, get_weight_format, weight_bytes
 from models.cost import CostModel, Efficiency, check_tp, efficiency_for
+from models.engines import SpecBehaviour, get_profile
 from models.errors import ConfigError
 from models.hf_config import load_config
 from models.memory import MemoryPlan, plan_memory
@@ -106,6 +107,11 @@ class SpecRuntime:
     draft_window: int | None = None  # self_spec window: the draft reads at most this many KV tokens per sequence
     host_s_per_seq: float = 0.0  # suffix: CPU lookup time per decoding sequence per step
     on_match: bool = False  # suffix: a sequence drafts only when its suffix tree has a match
+    # the engine's scoring: k + 1 one-token sequences per decoding sequence (models.engines.SpecBehaviour)
+    batch_expansion: bool = False
+    # serial output processing of each drafted token beyond the first (an engine that processes
+    # output per token with its overlap turned off by speculation): per decoding sequence per token
+    host_s_per_token: float = 0.0
 
     def verify_tokens(self, k: int) -> int:
         """Tokens per sequence a verification of depth k runs through the target (the last
@@ -194,6 +200,16 @@ def _cost(sc: ScenarioSpec, model: LLM, gpu: GPU, tp: int, eff: Efficiency, *, t
                      expert_parallel=target and dep.expert_parallel)
 
 
+def draft_tp(sc: ScenarioSpec) -> int:
+    """The tensor-parallel degree a draft model runs at: its dedicated GPUs, else its colocated
+    `draft_tensor_parallel` (default the target's)."""
+    spec = sc.speculative
+    assert spec is not None
+    if spec.placement == "dedicated":
+        return spec.draft_gpus
+    return spec.draft_tensor_parallel or sc.deployment.tensor_parallel
+
+
 def gpus_per_replica(sc: ScenarioSpec) -> int:
     """GPUs one replica takes: its tensor-parallel group plus a dedicated draft's GPUs."""
     spec = sc.speculative
@@ -222,6 +238,15 @@ def check_scenario(sc: ScenarioSpec) -> None:
                              f"{target.num_experts}, or remove expert_parallel")
     spec = sc.speculative
     if spec is not None:
+        behaviour = get_profile(dep.engine).spec
+        if behaviour.multi_step_refused and dep.scheduling().scheduler_steps > 1:
+            raise ValueError(f"deployment.scheduler_steps={dep.scheduling().scheduler_steps}: engine '{dep.engine}' "
+                             f"refuses speculative decoding with multi-step scheduling ({behaviour.multi_step_refused}); "
+                             "use scheduler_steps = 1")
+        if behaviour.scoring == "batch_expansion" and (spec.method in ("tree", "self_spec", "suffix", "mtp")
+                                                       or spec.tree_branching is not None):
+            raise ValueError(f"speculative.method '{spec.method}': engine '{dep.engine}' has no such method (it "
+                             "scores chains of drafted tokens by batch expansion); use a current engine profile")
         if spec.method == "mtp":
             depth = spec.mtp_depth or catalogue_mtp_depth(target)
             if not depth:
@@ -248,6 +273,16 @@ def check_scenario(sc: ScenarioSpec) -> None:
         if spec.placement == "dedicated" and spec.method == "ngram":
             raise ValueError("speculative.placement 'dedicated' makes no sense for 'ngram' (no draft model)")
         dm = _draft_model(sc)
+        if spec.placement == "colocated" and dm is not None and not _shares_target(sc):
+            tp_d = draft_tp(sc)
+            if dep.tensor_parallel % tp_d:
+                raise ValueError(f"speculative.draft_tensor_parallel={tp_d} must divide the target's "
+                                 f"tensor_parallel={dep.tensor_parallel} (the draft runs on some of its GPUs)")
+            try:
+                check_tp(dm, tp_d)
+            except ConfigError as err:
+                hint = "" if spec.draft_tensor_parallel else "; set speculative.draft_tensor_parallel (vLLM's draft TP)"
+                raise ValueError(f"speculative: the colocated draft runs at {err}{hint}") from None
         if spec.placement == "dedicated" and dm is not None:
             try:  # a dedicated draft runs tensor-parallel over its own draft_gpus
                 check_tp(dm, spec.draft_gpus)
@@ -370,34 +405,48 @@ def build_runtime(sc: ScenarioSpec) -> ReplicaRuntime:
     if dep.efficiency:
         eff = dataclasses.replace(eff, **dep.efficiency, source=f"{eff.source}; overridden in scenario")
     target = target_model(sc)
+    sched = dep.scheduling()
+    spec = sc.speculative
+    behaviour = get_profile(dep.engine).spec if spec is not None else SpecBehaviour()
+    # the host work per running sequence on a step's critical path: what is always serial, the
+    # scheduling spread over the steps one decision covers, and the output processing unless the
+    # engine overlaps it with the next step (which speculation may turn off: models.engines)
+    serial_output = not sched.async_output or (behaviour.serial_output and spec is not None
+                                                and spec.method not in behaviour.overlap_kept_for)
+    eff = dataclasses.replace(eff, step_overhead_s=eff.step_overhead_s + eff.sched_step_s / sched.scheduler_steps,
+                              seq_overhead_s=eff.seq_overhead_s + eff.sched_seq_s / sched.scheduler_steps
+                              + (eff.output_seq_s if serial_output else 0.0))
     cost = _cost(sc, target, gpu, dep.tensor_parallel, eff, target=True)
     spec_rt = None
     extra_bytes = 0.0
     extra_kv = 0.0
     dm = _draft_model(sc)
-    spec = sc.speculative
     if spec is not None:
         draft_cost = None
         if dm is not None:
-            if spec.placement == "dedicated":
-                tp_d = spec.draft_gpus  # check_scenario made sure it divides the draft's heads
-                draft_cost = _cost(sc, dm, gpu, tp_d, eff, target=False)
-            else:
-                draft_cost = _cost(sc, dm, gpu, dep.tensor_parallel, eff, target=False)
-                if not _shares_target(sc):
-                    # MTP: every module's weights and KV are resident (one module runs per drafted token)
-                    copies, resident = 1, weight_bytes(dm, get_weight_format(dep.weights))
-                    if spec.method == "mtp":  # the output head is the target's own (shared), not resident twice
-                        copies = spec.mtp_depth or catalogue_mtp_depth(target)
-                        resident -= dm.embedding_params * 2.0
-                    extra_bytes = copies * resident / dep.tensor_parallel
-                    extra_kv = copies * draft_cost.kv_bytes_per_token_gpu
+            # check_scenario made sure its TP divides the draft's heads
+            draft_cost = _cost(sc, dm, gpu, draft_tp(sc) if not _shares_target(sc) else dep.tensor_parallel,
+                               eff, target=False)
+            if spec.placement != "dedicated" and not _shares_target(sc):
+                # MTP: every module's weights and KV are resident (one module runs per drafted token)
+                copies, resident = 1, weight_bytes(dm, get_weight_format(dep.weights))
+                if spec.method == "mtp":  # the output head is the target's own (shared), not resident twice
+                    copies = spec.mtp_depth or catalogue_mtp_depth(target)
+                    resident -= dm.embedding_params * 2.0
+                # on the GPUs that hold it (a draft at a smaller TP loads its share on each of
+                # them; the KV pool is the least any GPU of the group has left)
+                extra_bytes = copies * resident / draft_cost.tp
+                extra_kv = 0.0 if sc.sim.draft_kv_free else copies * draft_cost.kv_bytes_per_token_gpu
         window = spec.self_spec_window if spec.method == "self_spec" and spec.self_spec_mode == "window" else None
         spec_rt = SpecRuntime(spec.method, spec.num_speculative_tokens, spec.policy, spec.disable_batch_size,
                               spec.acceptance_decay, draft_cost, spec.overhead_frac_at_2, spec.overhead_frac_per_seq,
                               shape=_draft_shape(sc), draft_window=window, host_s_per_seq=spec.suffix_host_s,
-                              on_match=spec.method == "suffix")
-    sched = dep.scheduling()
+                              on_match=spec.method == "suffix", batch_expansion=behaviour.scoring == "batch_expansion",
+                              host_s_per_token=eff.output_seq_s if serial_output and behaviour.per_token_output else 0.0)
+    max_num_seqs = sched.max_num_seqs
+    if behaviour.max_num_seqs is not None and dep.max_num_seqs is None:
+        max_num_seqs = min(max_num_seqs, behaviour.max_num_seqs)  # the engine's default when speculating
+        sched = dataclasses.replace(sched, max_num_seqs=max_num_seqs)
     if extra_kv and spec_rt is not None and spec_rt.draft_cost is not None:  # a colocated draft's windowed layers
         extra_bytes += spec_rt.draft_cost.window_kv_bytes(sched.max_num_seqs)
     plan = plan_memory(cost, gpu_memory_utilization=dep.gpu_memory_utilization,

@@ -221,8 +221,13 @@ def adaptive_k_many(price: StepPricer, est: np.ndarray, ctx: np.ndarray, n_dec: 
     # every k = 0..k_max priced in one vectorised call per model (the same formulas as a step)
     k = np.arange(spec.k + 1, dtype=np.float64)
     q = k + 1.0
-    target = price.rt.cost.total_s_many(n_dec, n_dec * q, c + 0.0 * k, c * q + n_dec * q * (q + 1) / 2.0)
-    total = target + target[:, :1] * price.overhead_frac(n_dec)  # machinery: a fraction of the plain decode pass
+    if spec.batch_expansion:  # k + 1 one-token sequences per decoding sequence (`StepPricer.spec_cost`)
+        target = price.rt.cost.total_s_many(n_dec * q, n_dec * q, c * q + n_dec * q * (q - 1) / 2.0,  # type: ignore[arg-type]
+                                            c * q + n_dec * q * (q + 1) / 2.0)
+    else:
+        target = price.rt.cost.total_s_many(n_dec, n_dec * q, c + 0.0 * k, c * q + n_dec * q * (q + 1) / 2.0)
+    # machinery: a fraction of the plain decode pass, and the host work (`StepPricer.host_s`)
+    total = target + target[:, :1] * price.overhead_frac(n_dec) + price.host_s(n_dec, k)
     if spec.draft_cost is not None:
         mean_ctx = c + n_dec * (k - 1) / 2.0
         one = spec.draft_cost.total_s_many(n_dec, np.full_like(k, n_dec), mean_ctx, mean_ctx + n_dec,

@@ -28,7 +28,7 @@ SPEC_SCALAR_STEPS = 24
 DraftParts = tuple[float, float, float, float, float, float, float, float, float, float, float, float, int]
 PlainParts = tuple[float, float, float, float, float, float, float, float]
 StepParts = tuple[int, float, float, float, float, float, float, float, float, float, float, float, float, int,
-                  DraftParts | None, PlainParts | None, float | None, float]
+                  DraftParts | None, PlainParts | None, float | None, float, float]
 
 
 class VerifyPlan(NamedTuple):
@@ -116,13 +116,17 @@ class StepPricer:
         assert spec is not None
         return spec.overhead_frac_at_2 + spec.overhead_frac_per_seq * max(0, n_dec - 2)
 
-    def host_s(self, n_dec: int, k: int) -> float:
+    def host_s(self, n_dec: Any, k: Any) -> Any:
         """Host (CPU) seconds a speculating step of `n_dec` decoding sequences at depth k adds to the
-        machinery's, serial with the GPU's work: suffix decoding's lookups, per decoding sequence.
-        Every form of the price (`spec_cost`, `spec_step`, `shape_step`, `spec_cost_many`) adds
-        it, so a host cost that depends on the batch and k alone is written here, once."""
+        machinery's, serial with the GPU's work: suffix decoding's lookups, per decoding sequence,
+        and the output processing of the k drafted tokens beyond the first where the engine runs it
+        per token and serially (`SpecRuntime.host_s_per_token`). Every form of the price
+        (`spec_cost`, `spec_step`, `shape_step`, `spec_cost_many`, the adaptive policy's) adds it,
+        so a host cost that depends on the batch and k alone is written here, once."""
         spec = self.rt.spec
-        return spec.host_s_per_seq * n_dec if spec is not None else 0.0
+        if spec is None:
+            return 0.0
+        return spec.host_s_per_seq * n_dec + spec.host_s_per_token * n_dec * k
 
     def plain_step(self, n_dec: int, ctx_dec: float, n_pre: int, pre_tokens: float, pre_ctx: float,
                    pre_pairs: float) -> tuple[float, float, float]:
@@ -142,13 +146,18 @@ class StepPricer:
         general method (tree, windowed self-draft, suffix), else the plain chain of k + 1 tokens."""
         rt = self.rt
         q = k + 1
+        seqs, ctx_read = n_dec, ctx_dec
         if plan is None:
             tokens = n_dec * q + pre_tokens
             pairs = ctx_dec * q + n_dec * q * (q + 1) / 2.0 + pre_pairs
+            if k and rt.spec is not None and rt.spec.batch_expansion:
+                # batch expansion (vLLM 0.6, vllm/spec_decode/batch_expansion.py): each decoding
+                # sequence runs as k + 1 one-token sequences, the j-th reading its context + j tokens
+                seqs, ctx_read = n_dec * q, ctx_dec * q + n_dec * q * (q - 1) / 2.0
         else:
             tokens = plan.tokens + pre_tokens
             pairs = plan.pairs + pre_pairs
-        tc = rt.cost.step_sums(n_dec + n_pre, tokens, ctx_dec + pre_ctx, pairs)
+        tc = rt.cost.step_sums(seqs + n_pre, tokens, ctx_read + pre_ctx, pairs)
         flops, nbytes = tc.flops * rt.cost.tp, tc.bytes * rt.cost.tp
         draft_s = 0.0
         over = 0.0
@@ -204,10 +213,10 @@ class StepPricer:
         # (context ctx, pairs ctx q + n q (q + 1) / 2), k draft passes at the mean draft context,
         # and the plain decode pass the machinery's overhead is a fraction of
         (q, pairs0, lin, kv_w, w, act, comm_s, over_s, lin_f, apf, peak, kvb, bw, tp,
-         draft_p, plain_p, frac, host) = pr
+         draft_p, plain_p, frac, host, expand) = pr
         attn_f = apf * (ctx * q + pairs0)
         attn_c = attn_f / peak
-        kv_r = kvb * ctx
+        kv_r = kvb * (ctx * q + expand) if expand >= 0.0 else kvb * ctx
         attn_m = (kv_r + kv_w) / bw
         total = lin + (attn_c if attn_c > attn_m else attn_m) + comm_s + over_s
         flops = (lin_f + attn_f) * tp
@@ -248,7 +257,10 @@ class StepPricer:
         q = spec.verify_tokens(k)
         tri = q * q if not spec.shape.chain else q * (q + 1) / 2.0
         nd = float(n_dec)
-        total, fl, by = cost.pass_sums(n_dec, nd * q + 0.0, ctx + 0.0, (ctx * q + nd * tri) + 0.0)
+        seqs, ctx_read = n_dec, ctx
+        if spec.batch_expansion:  # (`spec_cost`; a batch-expansion engine has no trees: check_scenario)
+            seqs, ctx_read = n_dec * q, ctx * q + n_dec * q * (q - 1) / 2.0
+        total, fl, by = cost.pass_sums(seqs, nd * q + 0.0, ctx_read + 0.0, (ctx * q + nd * tri) + 0.0)
         flops, nbytes = fl * cost.tp, by * cost.tp
         draft_s = 0.0
         dc = spec.draft_cost
@@ -289,7 +301,9 @@ class StepPricer:
         assert not cost.window and not (isinstance(dc, CostModel) and dc.window)
         assert k < 1024  # (`spec_step`'s cache key; the scenario allows num_speculative_tokens <= 16)
         q = k + 1
-        lin, kv_w, w, act, comm_s, over_s, lin_f = cost.pass_parts(n_dec, n_dec * q + 0.0)
+        # batch expansion (`spec_cost`): n q one-token sequences reading ctx q + `expand` tokens; -1: none
+        expand = n_dec * q * (q - 1) / 2.0 if (k and spec.batch_expansion) else -1.0
+        lin, kv_w, w, act, comm_s, over_s, lin_f = cost.pass_parts(n_dec * q if expand >= 0.0 else n_dec, n_dec * q + 0.0)
         draft_p: DraftParts | None = None
         if dc is not None and k > 0:
             assert isinstance(dc, CostModel)
@@ -303,7 +317,7 @@ class StepPricer:
                        cost.bw)
         return (q, n_dec * q * (q + 1) / 2.0, lin, kv_w, w, act, comm_s, over_s, lin_f, cost.attn_flops_per_pair,
                 cost._peak_attn, cost.kv_bytes_per_token_gpu, cost.bw, cost.tp, draft_p, plain_p,
-                self.overhead_frac(n_dec) if self.speculating else None, self.host_s(n_dec, k))
+                self.overhead_frac(n_dec) if self.speculating else None, self.host_s(n_dec, k), expand)
 
     def spec_cost_many(self, n_dec: int, ctx: np.ndarray, k: int) -> tuple[Any, ...]:
         """`spec_cost` of decode-only steps (every sequence decoding, no prefill) at each context
@@ -321,7 +335,11 @@ class StepPricer:
         q = k + 1
         # (x + 0.0 is x for x >= 0: the ordinary step's additions of its empty prefill are left out)
         pairs = ctx * q + n_dec * q * (q + 1) / 2.0
-        total, flops, nbytes = rt.cost.step_sums_many(n_dec, n_dec * q + 0.0, ctx, pairs)
+        if k and spec.batch_expansion:  # (`spec_cost`)
+            total, flops, nbytes = rt.cost.step_sums_many(n_dec * q, n_dec * q + 0.0, ctx * q + n_dec * q * (q - 1) / 2.0,
+                                                          pairs)
+        else:
+            total, flops, nbytes = rt.cost.step_sums_many(n_dec, n_dec * q + 0.0, ctx, pairs)
         flops *= rt.cost.tp
         nbytes *= rt.cost.tp
         dc = spec.draft_cost

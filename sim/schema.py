@@ -163,6 +163,9 @@ class Deployment(_Strict):
     prefill: Literal["mixed", "separate"] | None = None
     chunked_prefill: bool | None = None
     scheduler_steps: Annotated[int, Field(ge=1, le=64)] | None = None  # vLLM 0.6 --num-scheduler-steps
+    # output processing overlapped with the next step (vLLM 0.6 async output processing; False is
+    # --disable-async-output-proc); unset, the engine profile's
+    async_output: bool | None = None
     router: Literal["round_robin", "least_outstanding", "prefix_affinity"] = "least_outstanding"
     # automatic prefix caching (vLLM V1's and SGLang's default): full KV blocks of requests that
     # carry block hashes (a Mooncake trace's hash_ids, [workload] conversations) are kept and
@@ -213,7 +216,8 @@ class Deployment(_Strict):
             chunked_prefill=s.chunked_prefill if self.chunked_prefill is None else self.chunked_prefill,
             max_num_batched_tokens=self.max_num_batched_tokens or s.max_num_batched_tokens,
             max_num_seqs=self.max_num_seqs or s.max_num_seqs,
-            scheduler_steps=self.scheduler_steps or s.scheduler_steps)
+            scheduler_steps=self.scheduler_steps or s.scheduler_steps,
+            async_output=s.async_output if self.async_output is None else self.async_output)
 
     @field_validator("model", "distilled_from")
     @classmethod
@@ -255,6 +259,10 @@ class Speculative(_Strict):
     num_speculative_tokens: Annotated[int, Field(ge=0, le=16)] = 4  # the depth of a tree
     placement: Literal["colocated", "dedicated"] = "colocated"
     draft_gpus: Annotated[int, Field(ge=1)] = 1  # GPUs per replica's draft when dedicated
+    # colocated: the GPUs of the target's tensor-parallel group a draft model runs over (vLLM 0.6
+    # `speculative_draft_tensor_parallel_size`, vllm/spec_decode/smaller_tp_proposer_worker.py; default
+    # the target's TP); the others wait while it drafts
+    draft_tensor_parallel: Annotated[int, Field(ge=1, le=64)] | None = None
     policy: Literal["fixed", "disable_above_batch", "adaptive", "follow_load"] = "fixed"
     disable_batch_size: Annotated[int, Field(ge=1)] = 32
     # follow_load: speculate while the load (offered rate over the last load_interval_s as a share
@@ -338,6 +346,9 @@ class Speculative(_Strict):
         if self.placement == "colocated" and self.draft_gpus != 1:
             raise ValueError(f"draft_gpus={self.draft_gpus} only applies with placement = 'dedicated' "
                              "(a colocated draft shares the target's GPUs); remove it or set placement = 'dedicated'")
+        if self.draft_tensor_parallel is not None and (self.placement != "colocated" or not self.needs_draft_model):
+            raise ValueError("draft_tensor_parallel applies to a colocated draft model (method 'draft_model'); a "
+                             "dedicated draft runs over its draft_gpus, a head at the target's TP: remove it")
         if self.placement == "dedicated" and self.method in _COLOCATED_ONLY:
             raise ValueError(f"placement 'dedicated' is not possible for method '{self.method}' (its drafter reads "
                              "the target's hidden states or KV, or has no model); use placement = 'colocated'")
@@ -670,6 +681,9 @@ class SimSettings(_Strict):
     # summary then says so (`stopped_early`) and judges nothing else. The planner's long reruns use it.
     # Closed loops and max_concurrency runs ignore it (they run as given)
     stop_on_slo_fail: bool = False
+    # a counterfactual for attribution (sim.attribution): the drafter's KV cache takes no room in
+    # the pool, so the run shows what the drafter's KV cost in admitted sequences
+    draft_kv_free: bool = False
 
 
 class Autoscale(_Strict):

@@ -176,9 +176,10 @@ def test_speculation_is_lossless(example_pair: dict[str, Any]) -> None:
 
 def test_colocated_draft_never_lowers_ttft(example_pair: dict[str, Any]) -> None:
     """The draft's prefill and the longer speculative steps add to TTFT: never lower at the same
-    load and seed (mean, p50, p99), while TPOT falls."""
+    load and seed (mean, p50), while TPOT falls. (Not the p99: its tail is a burst's queue, which
+    the speculative replica drains sooner.)"""
     b, d = example_pair["base"].summary, example_pair["draft"].summary
-    for stat in ("mean", "p50", "p99"):
+    for stat in ("mean", "p50"):
         assert d["ttft_s"][stat] >= b["ttft_s"][stat], stat
     assert d["tpot_s"]["mean"] < b["tpot_s"]["mean"]
 
