@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from sim.attribution import CAUSES, PARTS, attribute, main_cause, shares
+
 SPEEDUP_METRICS = {
     "tpot_s_mean": "ITL (TPOT) mean",
     "tpot_s_p99": "ITL (TPOT) p99",
@@ -84,3 +86,66 @@ def crossovers(sp: pd.DataFrame, metric: str = HEADLINE) -> dict[str, float]:
                 break
         out[str(v)] = cross
     return out
+
+
+# what makes two variants the same deployment but for speculation (results columns)
+SAME_DEPLOYMENT = ("model", "weights", "kv_cache", "tensor_parallel", "gpu", "num_gpus", "engine_profile",
+                   "distilled_from")
+
+
+def own_references(df: pd.DataFrame, reference: str,
+                   pairs: tuple[tuple[str, str], ...] | list[tuple[str, str]] = ()) -> dict[str, str]:
+    """Each speculative variant's reference for its speculation's speedup: its pair's when given,
+    else the variant without speculation on the same deployment (`SAME_DEPLOYMENT`), the sweep's
+    reference first, else the sweep's reference."""
+    out = dict(pairs)
+    if "speculative_method" not in df:
+        return out
+    keys = [c for c in SAME_DEPLOYMENT if c in df]
+    first = df.groupby("variant", sort=False)[[*keys, "speculative_method"]].first()
+    plain = first[first.speculative_method == "none"]
+    for v, row in first[first.speculative_method != "none"].iterrows():
+        if v in out:
+            continue
+        same = [str(p) for p, r in plain.iterrows() if all(r[k] == row[k] or (r[k] != r[k] and row[k] != row[k])
+                                                           for k in keys)]
+        out[str(v)] = reference if reference in same or not same else same[0]
+    return out
+
+
+def attributions(df: pd.DataFrame, reference: str = "baseline", x: str = "utilisation", metric: str = "tpot",
+                 pairs: tuple[tuple[str, str], ...] | list[tuple[str, str]] = ()) -> pd.DataFrame:
+    """Why each speculative variant's speedup over its own reference (`own_references`: a
+    drafted FP8 model against FP8 undrafted) changes from the lightest load point to each other
+    one (`sim.attribution.attribute`), from the runs' latency parts (summary `latency_parts`, of
+    mean TPOT, or of mean E2E with metric="e2e"; mean over seeds): per variant and load point,
+    the reference (`against`), the change of ln(speedup) (`dln_speedup`), each cause's part of it
+    (`why_<cause>`, ln points), its share (`attr_<cause>`, summing to 1; NaN for a change under
+    2%) and the main cause in words."""
+    cols = [f"latency_parts_{metric}_{p}" for p in PARTS]
+    out_cols = ["variant", x, "against", "dln_speedup", *[f"why_{c}" for c in CAUSES],
+                *[f"attr_{c}" for c in CAUSES], "main_cause"]
+    if not set(cols) <= set(df.columns):
+        return pd.DataFrame(columns=out_cols)
+    means = df.groupby(["variant", x], sort=False)[cols].mean()
+    have = set(means.index.get_level_values(0))
+    rows = []
+    for v, r in own_references(df, reference, pairs).items():
+        if v not in have or r not in have:
+            continue
+        g, ref = means.loc[v], means.loc[r]
+        loads = sorted(set(g.index) & set(ref.index))
+        if not loads:
+            continue
+        u0 = loads[0]
+
+        def parts(t: pd.DataFrame, u: float) -> dict[str, float]:
+            return dict(zip(PARTS, (float(t.loc[u, c]) for c in cols), strict=True))
+
+        for u in loads:
+            a = attribute(parts(ref, u0), parts(g, u0), parts(ref, u), parts(g, u))
+            sh = shares(a)
+            rows.append({"variant": v, x: u, "against": r, "dln_speedup": a["dln_speedup"],
+                         **{f"why_{c}": a[c] for c in CAUSES}, **{f"attr_{c}": sh[c] for c in CAUSES},
+                         "main_cause": main_cause(a) if u != u0 else ""})
+    return pd.DataFrame(rows, columns=out_cols)

@@ -20,6 +20,7 @@ from plotly.subplots import make_subplots
 
 from experiments.analysis import HEADLINE, SPEEDUP_METRICS, crossovers, load_axis
 from experiments.pairs import pair_lines, pair_speedups
+from sim.attribution import CAUSE_NAMES, CAUSES
 
 PALETTE = ("#1f77b4", "#d62728", "#ff7f0e", "#9467bd", "#2ca02c", "#17becf", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
 # one colour per strategy in every chart (sweep report, plan report, compare): the built-in
@@ -291,7 +292,7 @@ def summary_text(df: pd.DataFrame, sp: pd.DataFrame, capacities: dict[str, dict[
             ttft_s = f"; its p99 TTFT speedup there is {float(ttft.iloc[0]):.2f}x" if len(ttft) else ""
             hi_s = f"{hi:g}" if closed else f"{hi:.2f}"
             lines.append(f"{v}: ITL (TPOT) speedup {g.loc[lo, 'mean']:.2f}x at {at(lo)} "
-                         f"and {g.loc[hi, 'mean']:.2f}x at {hi_s}{ttft_s}.")
+                         f"and {g.loc[hi, 'mean']:.2f}x at {hi_s}{ttft_s}{why_text(df, v, x, hi)}.")
     e2e = crossovers(sp, "e2e_s_p50")
     for v, u in crossovers(sp).items():
         if v in spec_variants:
@@ -369,6 +370,48 @@ def summary_text(df: pd.DataFrame, sp: pd.DataFrame, capacities: dict[str, dict[
     return lines
 
 
+def why_text(df: pd.DataFrame, variant: str, x: str, u: float) -> str:
+    """'; from the lightest load to there its speedup over its own reference moves -19%, mostly
+    verification compute (in ln points x 100: verification compute -15, drafter compute -4, ...)'
+    from the attribution columns the sweep merges in (`experiments.analysis.attributions`); ''
+    without them."""
+    cols = [f"why_{c}" for c in CAUSES]
+    if not set(cols) <= set(df.columns) or "main_cause" not in df:
+        return ""
+    r = df[(df.variant == variant) & (df[x] == u)]
+    if r.empty or not str(r.main_cause.iloc[0]):
+        return ""
+    why = {c: float(r[f"why_{c}"].iloc[0]) for c in CAUSES}
+    total = sum(why.values())
+    if not np.isfinite(total):
+        return ""
+    if abs(total) < 0.02:
+        return f"; its speedup over its own reference barely moves from the lightest load ({np.expm1(total):+.0%})"
+    parts = sorted(((why[c], c) for c in CAUSES if abs(why[c]) >= 0.005), key=lambda t: -abs(t[0]))
+    return (f"; from the lightest load to there its speedup over its own reference moves {np.expm1(total):+.0%}, "
+            f"mostly {r.main_cause.iloc[0]} (in ln points x 100: "
+            + ", ".join(f"{CAUSE_NAMES[c]} {100 * w:+.0f}" for w, c in parts) + ")")
+
+
+def attribution_chart(df: pd.DataFrame) -> go.Figure:
+    """Why each speculative variant's speedup moved from the lightest load: per load point, each
+    cause's part of the change of ln(speedup) (`why_<cause>`; stacked, summing to the change)."""
+    x = load_axis(df)
+    rows = df.groupby(["variant", x], sort=False)[[f"why_{c}" for c in CAUSES]].first().dropna(how="all")
+    variants = list(dict.fromkeys(rows.index.get_level_values(0)))
+    fig = make_subplots(rows=1, cols=max(len(variants), 1), subplot_titles=variants, shared_yaxes=True)
+    colours = dict(zip(CAUSES, PALETTE, strict=False))
+    for i, v in enumerate(variants, start=1):
+        g = rows.loc[v]
+        for c in CAUSES:
+            fig.add_trace(go.Bar(x=[f"{u:g}" for u in g.index], y=100 * g[f"why_{c}"], name=CAUSE_NAMES[c],
+                                 marker_color=colours[c], legendgroup=c, showlegend=i == 1), row=1, col=i)
+    fig.update_layout(barmode="relative", title="Why the speculative speedup moves with load: each cause's part "
+                      "of the change from the lightest load (ln points x 100, about %)", height=380)
+    fig.update_yaxes(title_text="change of ln(speedup) x 100", row=1, col=1)
+    return fig
+
+
 def _other_profiles(df: pd.DataFrame, base: str) -> str:
     """' (variants also on X, Y)' when some variant runs another engine profile."""
     if "engine_profile" not in df:
@@ -392,6 +435,8 @@ def report_figures(df: pd.DataFrame, sp: pd.DataFrame, *, spec: Any = None,
     ]
     if capacities and any(c.get("curve") for c in capacities.values()):
         figs.append(("capacity", capacity_chart(capacities)))
+    if "why_verify" in df and df.why_verify.notna().any():
+        figs.append(("why", attribution_chart(df)))
     if getattr(spec, "pairs", ()):  # each drafted model against its own undrafted target
         fig = speedup_chart(pair_speedups(df, spec.pairs, load_axis(df)), (HEADLINE,))
         fig.update_layout(title="Speculation within each model: TPOT speedup over its own reference (pairs)")

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from models.catalog import get_model, get_weight_format, peak_flops, weight_bytes
+from sim.attribution import METRICS, latency_parts
 from sim.capacity import (
     Capacity,
     CapacityStore,
@@ -227,8 +228,10 @@ def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop
     # vllm bench serve's figures, computed as its script does: over the whole run, no warm-up
     bench = {**bench_metrics(req, steps), "max_concurrency": clients,
              "request_rate": rate if rate is not None and not wl.closed else float("inf")}
+    parts = {m: latency_parts(req, steps, m, warm, end_s) for m in METRICS}
     return assemble({
         "throughput": tp,
+        "parts": {"latency_parts": parts},
         "stability": judged.figures,
         "verdict": verdict_section(judged, slo["slo"], truncated=out.truncated,
                                    time_varying_open=time_varying(sc) and loop == "open",

@@ -5,6 +5,7 @@ scenario, other sections' figures passed in as arguments) returning only the key
 
     throughput   `sim.metrics.summarise`: latencies, throughput, goodput, busy shares, batch,
                  speculation, prefix caching
+    parts        `sim.attribution.latency_parts`: mean TPOT and E2E split into what they were spent on
     stability    `sim.metrics.stability` / `closed_loop_stability`: backlog and trend figures
     verdict      `verdict_section`: verdict, its reason, stable, slo_met, decided once from the
                  stability test, a rate that varies on purpose and a stop on a certain SLO failure
@@ -54,6 +55,7 @@ LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = (
                     "preemptions", "acceptance_rate", "tokens_per_step", "draft_share", "spec_overhead_share",
                     "queue_growth_rps", "cache_hit_rate", "cache_request_hit_rate", "prefill_tokens_saved",
                     "prefill_tokens_computed", "ttft_hit_s", "ttft_miss_s")),
+    ("parts", ("latency_parts",)),
     ("stability", ("backlog", "judged_requests", "settle_s", "in_system_mean", "in_system_growth",
                    "in_system_trend_t", "ttft_growth_s", "ttft_trend_t", "client_wait_growth_s",
                    "client_wait_trend_t")),

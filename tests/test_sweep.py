@@ -120,8 +120,13 @@ def test_quick_report_is_self_contained(quick: dict[str, Any]) -> None:
     headline = m.group(1)
     for v in QUICK_VARIANTS:
         assert f'"name":"{v}"' in headline.replace(": ", ":"), v
-    for chart in ("latency", "cost", "quality", "utilisation"):
+    for chart in ("latency", "cost", "quality", "utilisation", "why"):
         assert f'id="chart-{chart}"' in html
+    # where and why each speculative strategy's speedup fades (issue 37): draft-1b's, over the baseline
+    assert re.search(r"<li>draft-1b: ITL \(TPOT\) speedup [^<]*moves -\d+%, mostly verification compute", html)
+    why = pd.read_csv(quick["out"] / "attribution.csv")
+    assert set(why.variant) >= {"draft-1b", "eagle", "fp8+draft-1b"}
+    assert (why[why.variant == "fp8+draft-1b"].against == "fp8").all()
     assert '<ul id="summary"><li>' in html
     assert "engine profile vllm-v1" in html  # the report names the engine profile
     assert (quick["df"].engine_profile == "vllm-v1").all()  # and so does every row

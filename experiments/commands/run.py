@@ -9,7 +9,9 @@ from typing import Any
 
 from experiments.commands.common import load, scenario_parser
 from experiments.report import timeseries_chart
+from experiments.why import LIGHT_UTILISATION, why_lines, why_speedup
 from models.errors import ConfigError
+from sim.capacity import CapacityStore
 from sim.metrics import expand_steps
 from sim.simulate import capacity_for, simulate
 
@@ -19,6 +21,9 @@ def add_parser(sub: Any, name: str, summary: str) -> None:
     s.add_argument("--out", default="results/run")
     s.add_argument("--steps", choices=("runs", "full"), default="runs",
                    help="steps.parquet: fused decode runs as one run-length row each (default), or one row per step")
+    s.add_argument("--why", nargs="?", type=float, const=LIGHT_UTILISATION, default=None, metavar="LIGHT",
+                   help="with [speculative]: why the TPOT speedup here differs from the one at a light load "
+                        f"(utilisation LIGHT, default {LIGHT_UTILISATION:g}): 3-4 more runs")
     s.set_defaults(fn=run)
 
 
@@ -27,7 +32,13 @@ def run(a: argparse.Namespace) -> int:
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"--out {out_dir}: exists and is not a folder; name a folder (it is created if missing)")
     sc = load(a)
-    res = simulate(sc, a.seed, capacity=capacity_for(sc, with_capacity=True), progress=True, with_capacity=True)
+    if a.why is not None and sc.speculative is None:
+        raise ConfigError("--why explains a speculative speedup; the scenario has no [speculative] section")
+    if a.why is not None and not 0 < a.why < 1:
+        raise ConfigError(f"--why {a.why:g}: the light load is a utilisation in (0, 1); try --why 0.1")
+    store = CapacityStore()
+    res = simulate(sc, a.seed, capacity=capacity_for(sc, with_capacity=True, store=store), progress=True,
+                   with_capacity=True)
     if a.steps == "full":  # one row per engine step: fused runs of decode steps expanded
         res = dataclasses.replace(res, steps=expand_steps(res.steps))
     out = res.write(a.out)
@@ -48,6 +59,9 @@ def run(a: argparse.Namespace) -> int:
         print(f"  SLO {name}: {pct} {metric.upper()} {c['value'] * 1e3:.1f} ms vs target {c['target'] * 1e3:.1f} ms "
               f"{'met' if c['met'] else 'MISSED'}")
     print(f"  SLO {'met' if s['slo_met'] else 'NOT met'}")
+    if a.why is not None:
+        for line in why_lines(why_speedup(sc, res, a.seed, a.why, store)):
+            print(line)
     iv = res.intervals
     if iv is not None and len(iv) > 1:  # the run over time: intervals.csv/.parquet and a time-series chart
         timeseries_chart(iv).write_html(out / "intervals.html", include_plotlyjs="inline")

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from experiments.analysis import crossovers, speedups
+from experiments.analysis import attributions, crossovers, speedups
 from experiments.commands.common import image_flags
 from experiments.images import image_formats, write_images
 from experiments.report import report_figures, write_report
@@ -32,6 +32,16 @@ def add_parser(sub: Any, name: str, summary: str) -> None:
     w.add_argument("--scheduler-timeout", type=float, default=10.0, help="seconds to wait for the Dask scheduler")
     image_flags(w)
     w.set_defaults(fn=run)
+
+
+def fade_cause(why: pd.DataFrame, variant: str, x: str) -> str:
+    """'; from u0 to u1 it moves by N%, mostly <cause>' for a variant's attribution rows ('' if none)."""
+    g = why[why.variant == variant].sort_values(x)
+    if len(g) < 2 or not g.main_cause.iloc[-1]:
+        return ""
+    last = g.iloc[-1]
+    return (f"; over {last.against}, from {x} {g[x].iloc[0]:.2f} to {last[x]:.2f} it moves "
+            f"{100 * math.expm1(last.dln_speedup):+.0f}%, mostly {last.main_cause}")
 
 
 def run(a: argparse.Namespace) -> int:
@@ -69,6 +79,10 @@ def run(a: argparse.Namespace) -> int:
     ok = df[df.error == ""] if "error" in df else df
     sp = speedups(ok, spec.reference, x=spec.axis)
     sp.to_csv(out / "speedups.csv", index=False)
+    why = attributions(ok, spec.reference, x=spec.axis, pairs=spec.pairs)
+    why.to_csv(out / "attribution.csv", index=False)
+    if len(why):  # the report reads each speculative row's causes beside its figures
+        ok = ok.merge(why.drop(columns=["dln_speedup", "against"]), on=["variant", spec.axis], how="left")
     report = write_report(ok, sp, out, spec=spec, capacities=caps)
     images = (write_images(report_figures(ok, sp, spec=spec, capacities=caps), out, formats, "report")
               if formats else [])
@@ -78,7 +92,7 @@ def run(a: argparse.Namespace) -> int:
     for v, u in crossovers(sp).items():
         if v in spec_variants:
             where = f"crosses 1.0 at {spec.axis} {u:.2f}" if np.isfinite(u) else "stays above 1.0 over the sweep"
-            print(f"  {v}: ITL (TPOT) speedup {where}")
+            print(f"  {v}: ITL (TPOT) speedup {where}{fade_cause(why, v, spec.axis)}")
     if failed:
         print(f"{failed} point(s) failed; see stderr above", file=sys.stderr)
         return 1
