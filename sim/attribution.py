@@ -52,8 +52,9 @@ def step_shares(steps: pd.DataFrame, t0: float = -math.inf, t1: float = math.inf
     stall = np.where(single, np.maximum(s.chunk_gap_s.to_numpy(np.float64) - dur, 0.0), 0.0)
     # what the step's time holds beyond its priced parts (none today; kept so shares sum to 1)
     rest = np.maximum(dur - target - draft - host, 0.0)
-    w = {"target": float(n @ (target + rest)), "draft": float(n @ draft), "host": float(n @ host),
-         "stall": float(n @ stall)}
+    # math.fsum: exactly rounded, so the same steps give the same bits whatever their memory layout
+    w = {"target": math.fsum(n * (target + rest)), "draft": math.fsum(n * draft), "host": math.fsum(n * host),
+         "stall": math.fsum(n * stall)}
     total = sum(w.values())
     if total <= 0:
         return {"target": 1.0, "draft": 0.0, "host": 0.0, "stall": 0.0}
