@@ -31,6 +31,13 @@ StepParts = tuple[int, float, float, float, float, float, float, float, float, f
                   DraftParts | None, PlainParts | None, float | None, float, float]
 
 
+
+def expanded(n_dec: Any, ctx: Any, q: Any) -> tuple[Any, Any]:
+    """Batch expansion (vLLM 0.6, vllm/spec_decode/batch_expansion.py): n decoding sequences
+    scored as n q one-token sequences, the j-th of each reading its context + j tokens: (sequences,
+    context tokens read)."""
+    return n_dec * q, ctx * q + n_dec * q * (q - 1) / 2.0
+
 class VerifyPlan(NamedTuple):
     """The decode part of a speculating step for the methods beyond the plain chain (trees, a
     windowed self-draft, suffix matches): target tokens and attention pairs of the decoding
@@ -153,7 +160,7 @@ class StepPricer:
             if k and rt.spec is not None and rt.spec.batch_expansion:
                 # batch expansion (vLLM 0.6, vllm/spec_decode/batch_expansion.py): each decoding
                 # sequence runs as k + 1 one-token sequences, the j-th reading its context + j tokens
-                seqs, ctx_read = n_dec * q, ctx_dec * q + n_dec * q * (q - 1) / 2.0
+                seqs, ctx_read = expanded(n_dec, ctx_dec, q)
         else:
             tokens = plan.tokens + pre_tokens
             pairs = plan.pairs + pre_pairs
@@ -259,7 +266,7 @@ class StepPricer:
         nd = float(n_dec)
         seqs, ctx_read = n_dec, ctx
         if spec.batch_expansion:  # (`spec_cost`; a batch-expansion engine has no trees: check_scenario)
-            seqs, ctx_read = n_dec * q, ctx * q + n_dec * q * (q - 1) / 2.0
+            seqs, ctx_read = expanded(n_dec, ctx, q)
         total, fl, by = cost.pass_sums(seqs, nd * q + 0.0, ctx_read + 0.0, (ctx * q + nd * tri) + 0.0)
         flops, nbytes = fl * cost.tp, by * cost.tp
         draft_s = 0.0
@@ -336,8 +343,8 @@ class StepPricer:
         # (x + 0.0 is x for x >= 0: the ordinary step's additions of its empty prefill are left out)
         pairs = ctx * q + n_dec * q * (q + 1) / 2.0
         if k and spec.batch_expansion:  # (`spec_cost`)
-            total, flops, nbytes = rt.cost.step_sums_many(n_dec * q, n_dec * q + 0.0, ctx * q + n_dec * q * (q - 1) / 2.0,
-                                                          pairs)
+            seqs, ctx_read = expanded(n_dec, ctx, q)
+            total, flops, nbytes = rt.cost.step_sums_many(seqs, n_dec * q + 0.0, ctx_read, pairs)
         else:
             total, flops, nbytes = rt.cost.step_sums_many(n_dec, n_dec * q + 0.0, ctx, pairs)
         flops *= rt.cost.tp
