@@ -241,19 +241,29 @@ def sensitivity_table(spec: PlanSpec, answer: pd.DataFrame, found: list[dict[str
 def acceptance_shift(spec: PlanSpec, jobs: int | None = None) -> pd.DataFrame:
     """Speedup of each speculative strategy on benchmark-like traffic (no tail) and on
     production-like traffic with a growing tail share, at the plan's shift utilisation."""
+    if not has_tail_split(spec.base):
+        raise ConfigError("acceptance shift needs the base scenario to have an in-distribution class and a tail class (tail = true)")
     tasks = shift_tasks(spec)
     return shift_table(pmap(shift_cell, tasks, jobs, "acceptance shift" if spec.progress else ""))
 
 
+def has_tail_split(base: Scenario) -> bool:
+    """Whether the traffic has an in-distribution class and a tail class (what the acceptance
+    shift varies the share of)."""
+    classes = base.workload.classes
+    return any(c.tail for c in classes) and any(not c.tail for c in classes)
+
+
 def shift_tasks(spec: PlanSpec) -> list[tuple[Any, ...]]:
     """`shift_cell`'s arguments: each runnable strategy at each tail share (the first, the
-    reference, at every share)."""
+    reference, at every share); none when the traffic has no tail class to shift (a plan then
+    leaves the analysis out and says so: `has_tail_split`)."""
     base = spec.base
+    if not has_tail_split(base):
+        return []
     cap = capacity_of(base, spec.points)
     tail = [c for c in base.workload.classes if c.tail]
     head = [c for c in base.workload.classes if not c.tail]
-    if not tail or not head:
-        raise ConfigError("acceptance shift needs the base scenario to have an in-distribution class and a tail class (tail = true)")
     runnable = []  # strategies that run on the base rack's GPU
     for s in spec.strategies:
         try:
@@ -275,7 +285,9 @@ def shift_tasks(spec: PlanSpec) -> list[tuple[Any, ...]]:
 
 def shift_table(found: list[dict[str, Any]]) -> pd.DataFrame:
     """`acceptance_shift`'s table from `shift_cell`'s answers (the first strategy is the reference)."""
-    rows = pd.DataFrame(found)
+    rows = pd.DataFrame(found, columns=["strategy", "tail_share", "tpot_mean_s", "acceptance_rate"])
+    if not len(rows):
+        return rows.assign(speedup=pd.Series(dtype=float))
     ref = rows[rows.strategy == rows.strategy.iloc[0]].set_index("tail_share").tpot_mean_s
     rows["speedup"] = rows.tail_share.map(ref) / rows.tpot_mean_s
     return rows

@@ -31,9 +31,10 @@ import pandas as pd
 from experiments.pool import Progress, die_with_parent, write_atomic
 from models.errors import ConfigError
 from sim.capacity import Capacity, CapacityStore, baseline_of, capacity_key
-from sim.metrics import relaxation_s
+from sim.metrics import against_capacity, relaxation_s
 from sim.scenario import Scenario, load_scenario, read_toml
 from sim.simulate import capacity, capacity_for, flatten, simulate
+from sim.summary import TIME_VARYING_NOTE
 
 KEY_PARAMS = {
     "model": ("deployment", "model"), "weights": ("deployment", "weights"), "kv_cache": ("deployment", "kv_cache"),
@@ -459,7 +460,7 @@ def _run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None, executor: 
             if col != "curve":  # the closed-loop curve goes to capacity.csv, not into every row
                 df.loc[df.variant == name, col] = val
     if spec.utilisation and len(df) and {"capacity_rps", "offered_rps", "e2e_s_mean", "run_window_s"} <= set(df):
-        df = settledness(df)
+        df = judged_against_capacity(settledness(df))
     return df, caps
 
 
@@ -480,6 +481,33 @@ def settledness(df: pd.DataFrame) -> pd.DataFrame:
         share = np.exp(-df.run_warmup_s.astype(float) / relax) * np.minimum(1.0, relax / df.run_window_s.astype(float))
     share = np.where(np.isfinite(relax), share, 1.0)
     return df.assign(own_utilisation=rho, relaxation_s=relax, ramp_share=share, settled=share <= RAMP_SHARE_MAX)
+
+
+def judged_against_capacity(df: pd.DataFrame) -> pd.DataFrame:
+    """Each open-loop stationary point's verdict judged again against its variant's own capacity,
+    measured alongside the runs (`sim.metrics.against_capacity`, the rule a run given its
+    capacity applies itself): never 'stable' at or above it, and an 'overloaded' that rests on a
+    trend shorter than its load's relaxation time 'insufficient'. Rows the run judged already
+    (`judged_utilisation` known), closed loops and rate profiles are left as they are."""
+    need = {"verdict", "verdict_reason", "trend_only", "judged_utilisation", "loop", "settle_s", "window_end_s"}
+    if not need <= set(df):
+        return df
+    out = df.copy()
+    met_cols = [c for c in df.columns if c.startswith("slo_") and c.endswith("_met")]
+    for i, row in df.iterrows():
+        rho = float(row["own_utilisation"])
+        if row["loop"] != "open" or row["judged_utilisation"] == row["judged_utilisation"] or rho != rho \
+                or TIME_VARYING_NOTE in str(row["verdict_reason"]):
+            continue
+        reasons = [r for r in str(row["verdict_reason"]).split("; ") if r]
+        verdict, reasons = against_capacity(str(row["verdict"]), reasons, trend_only=bool(row["trend_only"]), rho=rho,
+                                            e2e_mean_s=float(row["e2e_s_mean"]),
+                                            window_s=float(row["window_end_s"]) - float(row["settle_s"]))
+        stable = verdict == "stable"
+        out.at[i, "verdict"], out.at[i, "verdict_reason"], out.at[i, "stable"] = verdict, "; ".join(reasons), stable
+        out.at[i, "judged_utilisation"] = rho
+        out.at[i, "slo_met"] = bool(stable and all(bool(row[c]) for c in met_cols))
+    return out
 
 
 @contextlib.contextmanager

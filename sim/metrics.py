@@ -20,6 +20,7 @@ TREND_T = 4.0  # t statistic of the slope a trend must exceed
 TREND_REL = 0.5  # ... and growth over the window as a share of the first half's mean
 SETTLE_LIFETIMES = 3.0  # requests in system are judged from 3 mean request lifetimes after the start on
 JUDGE_LIFETIMES = 5.0  # ... over at least 5 lifetimes
+RAMP_NOTE = "95% of its steady rate"  # sim.workload.RAMP_SHARE, in words
 
 
 def dist(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float]:
@@ -344,7 +345,8 @@ class Stability(NamedTuple):
     reasons: list[str]
 
 
-def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bool) -> Stability:
+def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bool,
+              ramp_s: float = 0.0) -> Stability:
     """The stability verdict of a run: 'stable', 'overloaded' or 'insufficient' (docs/METRICS.md).
 
     Overloaded: stopped early on the backlog limit, requests left unfinished at the horizon, or a
@@ -356,16 +358,22 @@ def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bo
     judged from SETTLE_LIFETIMES mean service lifetimes (scheduled to completion, so queueing in an
     overload does not stretch them) on, over at least JUDGE_LIFETIMES of them, else the run is too
     short. TTFT (queueing) does not ramp up that way and is judged over the whole window.
+    An arrival process whose own rate ramps up from the start (`ramp_s`: conversations,
+    `sim.workload.conversation_ramp_s`) makes requests in system and the turn mix grow at any
+    load: both trends are then judged from the end of the ramp on, and a run that ends too soon
+    after it is too short.
     Insufficient: too short, or fewer than MIN_JUDGED_REQUESTS requests measured."""
     done = req.completion_s.notna()
     meas = (req.arrival_s >= warmup_s) & (req.arrival_s < end_s)
     m = req[meas & done]
     tau = float((m.completion_s - m.scheduled_s).mean()) if len(m) else 0.0
-    settle = max(warmup_s, SETTLE_LIFETIMES * tau)
+    settle = max(warmup_s, SETTLE_LIFETIMES * tau, ramp_s)
     short = end_s - settle < JUDGE_LIFETIMES * tau
     nan = (float("nan"),) * 3
     growth_l, t_l, mean_l = _in_system_trend(req, settle, end_s) if end_s > warmup_s and not short else nan
-    growth_t, t_t, mean_t = _ttft_trend(m, warmup_s, end_s) if end_s > warmup_s else nan
+    t0 = max(warmup_s, ramp_s)
+    m_t = m if t0 == warmup_s else m[m.arrival_s >= t0]
+    growth_t, t_t, mean_t = _ttft_trend(m_t, t0, end_s) if end_s > t0 and not (short and ramp_s > warmup_s) else nan
     over_l = t_l > TREND_T and growth_l > max(TREND_REL * mean_l, 2.0)  # NaN compares False
     over_t = t_t > TREND_T and growth_t > max(TREND_REL * mean_t, 0.25)
     backlog = int((~done).sum())
@@ -376,6 +384,12 @@ def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bo
         reasons.append(f"TTFT grew by {growth_t:.2f} s over the window (mean {mean_t:.2f} s in its first half)")
     if reasons:
         verdict = "overloaded"
+    elif short and len(m) and ramp_s > warmup_s:
+        verdict = "insufficient"
+        need = max(2.0 * ramp_s, ramp_s + JUDGE_LIFETIMES * tau)  # half the run judged, past the ramp
+        reasons.append(f"run too short to judge: the conversations' arrival rate ramps up until {ramp_s:.0f} s "
+                       f"({RAMP_NOTE}), and the window ends {max(end_s - ramp_s, 0.0):.0f} s after it; "
+                       f"lengthen duration_s to at least {math.ceil(need / 10.0) * 10:.0f}")
     elif short and len(m):
         verdict = "insufficient"
         reasons.append(f"run too short to judge: {end_s - settle:.0f} s after settling ({settle:.0f} s) is under "
@@ -385,9 +399,46 @@ def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bo
         reasons.append(f"only {len(m)} requests measured (at least {MIN_JUDGED_REQUESTS} needed to judge)")
     else:
         verdict = "stable"
-    return Stability({"backlog": backlog, "judged_requests": len(m), "settle_s": settle, "in_system_mean": mean_l,
+        if ramp_s > warmup_s:
+            reasons.append(f"judged from {settle:.0f} s, after the conversations' arrival rate ramps up ({RAMP_NOTE})")
+    trend_only = verdict == "overloaded" and not truncated and not backlog
+    return Stability({"backlog": backlog, "judged_requests": len(m), "settle_s": settle, "ramp_s": ramp_s,
+                      "trend_only": trend_only, "lifetime_s": tau, "in_system_mean": mean_l,
                       "in_system_growth": growth_l, "in_system_trend_t": t_l, "ttft_growth_s": growth_t,
                       "ttft_trend_t": t_t}, verdict, reasons)
+
+
+RELAX_EVIDENCE = 10.0  # a trend is evidence of overload only over a window of 10 relaxation times (the planner's judged window)
+RELAX_WARMUP, RELAX_WINDOW = 3.0, 10.0  # what settles it: 3 relaxation times of warm-up, 10 of window
+
+
+def against_capacity(verdict: str, reasons: list[str], *, trend_only: bool, rho: float, e2e_mean_s: float,
+                     window_s: float) -> tuple[str, list[str]]:
+    """An open-loop stationary run's verdict, judged again once its offered load is known as a
+    share rho of the deployment's own measured capacity (speculation as configured).
+
+    - rho >= 1: 'overloaded' whatever a short run saw (capacity is the rate a long run sustains).
+    - An 'overloaded' that rests only on a trend (no backlog left, not stopped) over a window
+      shorter than RELAX_EVIDENCE relaxation times (`relaxation_s`: mean time in system / (1 -
+      rho)) is 'insufficient': a load below capacity swings on that time scale, and a short
+      window of a swing looks like growth. The reason says how long a run would settle it (the
+      planner's rule: RELAX_WARMUP relaxation times of warm-up, RELAX_WINDOW of window).
+    Anything else is left as it was (rho NaN: capacity unknown)."""
+    if verdict == "unjudged" or rho != rho:
+        return verdict, reasons
+    if rho >= 1.0:
+        why = (f"offered {rho:.2f}x the deployment's own measured capacity: a long run overloads "
+               "(capacity is the rate a long run sustains)")
+        return "overloaded", [why, *(r for r in reasons if verdict == "overloaded")]
+    relax = float(relaxation_s(e2e_mean_s, rho))
+    if verdict == "overloaded" and trend_only and window_s < RELAX_EVIDENCE * relax:
+        need = (RELAX_WARMUP + RELAX_WINDOW) * relax
+        return "insufficient", [*reasons, (
+            f"but the window ({window_s:.0f} s) is under {RELAX_EVIDENCE:g} relaxation times of this load "
+            f"({relax:.0f} s each at {rho:.2f} of capacity), over which a load below capacity swings as much; "
+            f"a run of at least {math.ceil(need / 10.0) * 10:.0f} s ({RELAX_WARMUP:g} relaxation times of warm-up, "
+            f"{RELAX_WINDOW:g} of window) would settle it")]
+    return verdict, reasons
 
 
 def unfinished(truncated: bool, backlog: int) -> list[str]:

@@ -43,7 +43,7 @@ from sim.summary import (
     stopped_section,
     verdict_section,
 )
-from sim.workload import LengthSampler, generate, think_mean
+from sim.workload import LengthSampler, conversation_ramp_s, generate, think_mean
 
 __all__ = ["Capacity", "CapacityStore", "Result", "RunCapacity", "RunOutput", "baseline_of", "capacity",
            "capacity_for", "capacity_summary", "flatten", "needs_capacity", "run_table", "simulate"]
@@ -187,7 +187,7 @@ def simulate(sc: Scenario, seed: int | None = None, *, capacity: RunCapacity | N
     if early is not None:  # stopped once its SLO was certain to fail: figures over the part simulated
         end_s = max(wl.warmup_s, min(end_s, float(early["at_s"])))
     s = collect(sc, rt, seed, out, loop=loop, end_s=end_s, rate=rate, send_lag_s=lag, warmup_s=warmup_s,
-                capacity=capacity if with_capacity else None)
+                capacity=capacity if with_capacity else None, own_rho=own_utilisation(sc, rate, capacity))
     req, steps = out.requests, out.steps
     iv = functools.partial(intervals, req, steps, interval_s=sc.sim.interval_s, end_s=end_s, replicas=rt.num_replicas,
                            gpus_per_replica=rt.gpus_per_replica, timeline=out.fleet,
@@ -201,10 +201,11 @@ def simulate(sc: Scenario, seed: int | None = None, *, capacity: RunCapacity | N
 
 def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop: str, end_s: float,
             rate: float | None, send_lag_s: np.ndarray | None, warmup_s: float,
-            capacity: RunCapacity | None) -> dict[str, Any]:
+            capacity: RunCapacity | None, own_rho: float = float("nan")) -> dict[str, Any]:
     """The run's summary, assembled from its sections (`sim.summary`; each owns its keys).
     `end_s`: the metric window's end; `warmup_s`: a new replica's warm-up delay; `capacity`:
-    the capacity figures to report, or None."""
+    the capacity figures to report, or None; `own_rho`: the offered rate over the deployment's
+    own capacity, where known (`own_utilisation`)."""
     wl = sc.workload
     req, steps = out.requests, out.steps
     warm = wl.warmup_s  # never clamped: a run whose arrivals all fall in warm-up is 'insufficient'
@@ -214,7 +215,8 @@ def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop
                    gpus_per_replica=rt.gpus_per_replica, peak_flops=peak_flops(rt.cost.gpu, rt.cost.weights),
                    mem_bw=rt.cost.gpu.mem_bw_bytes_s, slo=targets, busy_scale=busy_scale)
     if loop == "open":
-        judged = stability(req, warmup_s=warm, end_s=end_s, truncated=out.truncated)
+        ramp = conversation_ramp_s(wl.conversations) if wl.conversations is not None else 0.0
+        judged = stability(req, warmup_s=warm, end_s=end_s, truncated=out.truncated, ramp_s=ramp)
     else:
         concurrency = wl.concurrency or wl.max_concurrency
         assert concurrency is not None
@@ -235,7 +237,9 @@ def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop
         "stability": judged.figures,
         "verdict": verdict_section(judged, slo["slo"], truncated=out.truncated,
                                    time_varying_open=time_varying(sc) and loop == "open",
-                                   stopped_early=out.stopped_early),
+                                   stopped_early=out.stopped_early,
+                                   own_rho=own_rho if loop == "open" else float("nan"),
+                                   e2e_mean_s=float(tp["e2e_s"]["mean"]), window_s=end_s - float(judged.figures["settle_s"])),
         "run": run,
         "slo": slo,
         "fleet": fleet,
@@ -247,6 +251,15 @@ def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop
         "capacity": capacity.as_dict() if capacity is not None else {},
         "provenance": provenance_section(sc, seed),
     })
+
+
+def own_utilisation(sc: Scenario, rate: float | None, capacity: RunCapacity | None) -> float:
+    """The offered rate's share of the deployment's own measured capacity (speculation as
+    configured), where the run was given it; NaN otherwise."""
+    if rate is None or capacity is None:
+        return float("nan")
+    own = capacity.baseline if sc.speculative is None else capacity.speculative
+    return rate / own.rps if own is not None and own.rps > 0 else float("nan")
 
 
 def time_varying(sc: Scenario) -> bool:

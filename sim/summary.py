@@ -36,7 +36,15 @@ import simpy
 
 from sim.capacity import Capacity
 from sim.deployment import ReplicaRuntime
-from sim.metrics import MIN_JUDGED_REQUESTS, Stability, replica_counts, replica_seconds, slo_checks, unfinished
+from sim.metrics import (
+    MIN_JUDGED_REQUESTS,
+    Stability,
+    against_capacity,
+    replica_counts,
+    replica_seconds,
+    slo_checks,
+    unfinished,
+)
 from sim.run import RunOutput
 from sim.scenario import Scenario
 
@@ -56,10 +64,10 @@ LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = (
                     "queue_growth_rps", "cache_hit_rate", "cache_request_hit_rate", "prefill_tokens_saved",
                     "prefill_tokens_computed", "ttft_hit_s", "ttft_miss_s")),
     ("parts", ("latency_parts",)),
-    ("stability", ("backlog", "judged_requests", "settle_s", "in_system_mean", "in_system_growth",
+    ("stability", ("backlog", "judged_requests", "settle_s", "ramp_s", "trend_only", "lifetime_s", "in_system_mean", "in_system_growth",
                    "in_system_trend_t", "ttft_growth_s", "ttft_trend_t", "client_wait_growth_s",
                    "client_wait_trend_t")),
-    ("verdict", ("verdict", "verdict_reason", "stable")),
+    ("verdict", ("verdict", "verdict_reason", "stable", "judged_utilisation")),
     ("run", ("truncated", "horizon_s")),
     ("slo", ("slo",)),
     ("verdict", ("slo_met",)),
@@ -137,12 +145,16 @@ TIME_VARYING_NOTE = "time-varying rate or rack: judged by work left unfinished; 
 
 
 def verdict_section(judged: Stability, slo: dict[str, dict[str, Any]], *, truncated: bool,
-                    time_varying_open: bool, stopped_early: dict[str, Any] | None) -> dict[str, Any]:
+                    time_varying_open: bool, stopped_early: dict[str, Any] | None,
+                    own_rho: float = float("nan"), e2e_mean_s: float = float("nan"),
+                    window_s: float = float("nan")) -> dict[str, Any]:
     """The verdict, decided once: a run stopped on a certain SLO failure is 'unjudged' (and
     fails); a time-varying open-loop run (a rate profile, autoscaling) is judged by the work left
     unfinished (the trend tests of a stationary run do not apply to a rate that moves on purpose;
-    the intervals table checks the SLO interval by interval); any other by its stability test.
-    `slo_met`: stable and every SLO target met."""
+    the intervals table checks the SLO interval by interval); any other by its stability test,
+    and, where the offered load's share `own_rho` of the deployment's own capacity is known,
+    against it (`sim.metrics.against_capacity`: never 'stable' at or above capacity, a short
+    trend 'insufficient'). `slo_met`: stable and every SLO target met."""
     if stopped_early is not None:
         e = stopped_early
         reason = (f"stopped at {e['at_s']:.0f} s: {e['over']} of the window's {e['judged']} requests already miss "
@@ -154,10 +166,13 @@ def verdict_section(judged: Stability, slo: dict[str, dict[str, Any]], *, trunca
         verdict = "overloaded" if reasons else (
             "insufficient" if judged.figures["judged_requests"] < MIN_JUDGED_REQUESTS else "stable")
         reasons = [*reasons, TIME_VARYING_NOTE]
+        own_rho = float("nan")
     else:
-        verdict, reasons = judged.verdict, judged.reasons
+        verdict, reasons = against_capacity(judged.verdict, judged.reasons,
+                                            trend_only=bool(judged.figures.get("trend_only", False)),
+                                            rho=own_rho, e2e_mean_s=e2e_mean_s, window_s=window_s)
     stable = verdict == "stable"
-    return {"verdict": verdict, "verdict_reason": "; ".join(reasons), "stable": stable,
+    return {"verdict": verdict, "verdict_reason": "; ".join(reasons), "stable": stable, "judged_utilisation": own_rho,
             "slo_met": bool(stable and all(c["met"] for c in slo.values()))}
 
 

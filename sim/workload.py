@@ -19,6 +19,7 @@ Beta distribution of its class and method, so variants with different methods st
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -191,6 +192,43 @@ def think_mean(think: FixedThink | ExponentialThink | None) -> float:
     if think is None:
         return 0.0
     return think.value if isinstance(think, FixedThink) else think.mean
+
+
+RAMP_SHARE = 0.95  # a conversation workload has ramped up once its rate reaches 95% of the steady rate
+
+
+def conversation_ramp_s(conv: Conversations) -> float:
+    """When the expected arrival rate of conversations reaches RAMP_SHARE of its steady value.
+
+    Conversations start at a constant rate from t = 0 and turn k + 1 is sent k turn gaps after
+    turn 1, so the rate at t is (rate / turns) x sum over k < turns of P(S_k <= t), S_k the sum of
+    k gaps: it ramps from rate / turns up to rate over a few gaps x turns. A verdict judged over
+    that ramp sees requests in system grow at any load (`sim.metrics.stability` is judged after
+    it). Exponential gaps: S_k is Erlang, P(S_k <= t) = P(Poisson(t / mean) >= k); fixed gaps:
+    P = 1 once t >= k x value."""
+    turns = conv.turns
+    need = RAMP_SHARE * turns  # sum over k of P(S_k <= t) to reach
+    gap = conv.turn_gap_s
+    if turns == 1:
+        return 0.0
+    if isinstance(gap, FixedThink):
+        return float(math.ceil(need - 1.0 - 1e-12) * gap.value)
+    ks = np.arange(turns, dtype=np.float64)
+    lg = np.array([math.lgamma(k + 1.0) for k in range(turns)])
+
+    def reached(t: float) -> float:
+        if t <= 0.0:
+            return 1.0
+        x = t / gap.mean
+        pmf = np.exp(-x + ks * math.log(x) - lg)
+        below = np.concatenate(([0.0], np.cumsum(pmf)[:-1]))  # P(Poisson(x) <= k - 1)
+        return float(np.clip(1.0 - below, 0.0, 1.0).sum())
+
+    lo, hi = 0.0, gap.mean * (turns + 10.0 * math.sqrt(turns) + 10.0)
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if reached(mid) < need else (lo, mid)
+    return hi
 
 
 def conversations(conv: Conversations, wl: Workload, rs: dict[str, np.random.Generator], rate_rps: float,

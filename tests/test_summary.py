@@ -4,12 +4,13 @@ a run needs passed in (measured before it, visibly), never measured inside it.""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 import specrack
 from sim.capacity import CapacityStore, capacity_for, capacity_key, needs_capacity
-from sim.metrics import Stability
+from sim.metrics import RELAX_EVIDENCE, RELAX_WARMUP, RELAX_WINDOW, Stability
 from sim.run import RunOutput
 from sim.scenario import Scenario, scenario_from_dict
 from sim.simulate import simulate
@@ -43,8 +44,10 @@ def test_the_verdict_is_decided_once_from_all_its_inputs() -> None:
     judged = Stability({"backlog": 0, "judged_requests": 500}, "overloaded", ["TTFT grew by 3.00 s over the window"])
     slo = {"ttft_p99_s": {"target": 2.0, "value": 1.0, "met": True}}
     v = verdict_section(judged, slo, truncated=False, time_varying_open=False, stopped_early=None)
-    assert v == {"verdict": "overloaded", "verdict_reason": "TTFT grew by 3.00 s over the window", "stable": False,
-                 "slo_met": False}
+    assert {k: v[k] for k in ("verdict", "verdict_reason", "stable", "slo_met")} == {
+        "verdict": "overloaded", "verdict_reason": "TTFT grew by 3.00 s over the window", "stable": False,
+        "slo_met": False}
+    assert v["judged_utilisation"] != v["judged_utilisation"]  # no capacity given: NaN
     v = verdict_section(judged, slo, truncated=False, time_varying_open=True, stopped_early=None)
     assert v["verdict"] == "stable" and v["slo_met"] and v["verdict_reason"].startswith("time-varying")
     v = verdict_section(judged, slo, truncated=True, time_varying_open=True, stopped_early=None)
@@ -56,6 +59,34 @@ def test_the_verdict_is_decided_once_from_all_its_inputs() -> None:
     # the stopped target's figure was never reached: NaN, unmet
     checks = slo_section({"ttft_s": {"p99": 1.0}}, {"ttft_p99_s": 2.0}, early)["slo"]
     assert checks["ttft_p99_s"]["met"] is False and checks["ttft_p99_s"]["value"] != checks["ttft_p99_s"]["value"]
+
+
+def test_a_verdict_given_its_capacity_is_judged_against_it() -> None:
+    """At or above its own capacity a run is never 'stable'; below it, a trend over a window
+    shorter than RELAX_EVIDENCE relaxation times is 'insufficient' and names the run that would
+    settle it; the same trend over a long enough window stays 'overloaded'; a backlog left at
+    the horizon is overload whatever the window."""
+    slo = {"ttft_p99_s": {"target": 2.0, "value": 1.0, "met": True}}
+    stable = Stability({"backlog": 0, "judged_requests": 500, "trend_only": False}, "stable", [])
+    v = verdict_section(stable, slo, truncated=False, time_varying_open=False, stopped_early=None, own_rho=1.05,
+                        e2e_mean_s=8.0, window_s=100.0)
+    assert (v["verdict"], v["stable"], v["slo_met"]) == ("overloaded", False, False)
+    assert v["verdict_reason"].startswith("offered 1.05x the deployment's own measured capacity")
+    trend = Stability({"backlog": 0, "judged_requests": 500, "trend_only": True}, "overloaded",
+                      ["requests in system grew by 59 over the window (mean 90 in its first half)"])
+    relax = 8.0 / (1 - 0.9)  # 80 s
+    short = verdict_section(trend, slo, truncated=False, time_varying_open=False, stopped_early=None, own_rho=0.9,
+                            e2e_mean_s=8.0, window_s=(RELAX_EVIDENCE - 1) * relax)
+    assert short["verdict"] == "insufficient" and not short["stable"] and short["judged_utilisation"] == 0.9
+    assert f"a run of at least {math.ceil((RELAX_WARMUP + RELAX_WINDOW) * relax / 10) * 10} s" in short["verdict_reason"]
+    long = verdict_section(trend, slo, truncated=False, time_varying_open=False, stopped_early=None, own_rho=0.9,
+                           e2e_mean_s=8.0, window_s=(RELAX_EVIDENCE + 1) * relax)
+    assert long["verdict"] == "overloaded"
+    backlog = Stability({"backlog": 7, "judged_requests": 500, "trend_only": False}, "overloaded",
+                        ["7 requests unfinished at the horizon"])
+    v = verdict_section(backlog, slo, truncated=False, time_varying_open=False, stopped_early=None, own_rho=0.9,
+                        e2e_mean_s=8.0, window_s=100.0)
+    assert v["verdict"] == "overloaded"
 
 
 def _small(**workload: object) -> Scenario:

@@ -43,7 +43,7 @@ def run(a: argparse.Namespace) -> int:
         res = dataclasses.replace(res, steps=expand_steps(res.steps))
     out = res.write(a.out)
     s = res.summary
-    verdict = {"stable": "stable", "overloaded": "OVERLOADED", "insufficient": "TOO FEW REQUESTS TO JUDGE",
+    verdict = {"stable": "stable", "overloaded": "OVERLOADED", "insufficient": "INSUFFICIENT TO JUDGE",
                "unjudged": "STOPPED: SLO CERTAIN TO FAIL"}[s["verdict"]]
     print(f"{sc.name} seed {res.seed}: {s['completed_requests']}/{s['offered_requests']} requests, "
           f"{s['offered_rps']:.2f} req/s {'offered' if s['loop'] == 'open' else 'sent'}, {s['throughput_rps']:.2f} served, {s['throughput_tok_s']:.0f} tok/s; "
