@@ -42,7 +42,8 @@ import numpy as np
 import pandas as pd
 
 from models.memory import BLOCK_SIZE
-from sim.deployment import ReplicaRuntime, build_runtime, gpus_per_replica
+from sim.deployment import ReplicaRuntime, build_runtime, check_fits, gpus_per_replica
+from sim.deployment import fits as request_fits
 from sim.run import run_table
 from sim.scenario import Scenario
 from sim.workload import LengthSampler, generate
@@ -114,7 +115,7 @@ def closed_loop_throughput(sc: Scenario, concurrency: int, seed: int, completion
         completions = int(np.clip(15 * concurrency, 800, MEASURED_COMPLETIONS))
     n = int(1.25 * (completions + 2 * concurrency))
     trace = sc.workload.replays_trace
-    table = _lengths(sc, seed, n)
+    table, clipped = _lengths(sc, seed, n, rt)
     out = run_table(sc, rt, table, seed, concurrency=concurrency, backlog_limit=10**12)
     req, steps = out.requests, out.steps
     done = np.sort(req.completion_s.to_numpy(np.float64))
@@ -127,30 +128,37 @@ def closed_loop_throughput(sc: Scenario, concurrency: int, seed: int, completion
     tok_s = float(st.emitted_tokens.sum()) / (t_b - t_a)
     # requests/s from the token rate and the length distribution's own mean (renewal reward): far
     # less noisy than counting completions, whose count swings with the long outputs in the window
-    mean_out = (float(table.output_tokens.mean()) if trace
+    mean_out = (float(table.output_tokens.mean()) if trace or clipped
                 else LengthSampler(sc.workload.output_tokens, "output_tokens").mean())
     dur = st.duration_s.to_numpy()
     batch = float((st.batch_size.to_numpy() * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0
     return tok_s / mean_out, tok_s, batch
 
 
-def _lengths(sc: Scenario, seed: int, n: int) -> pd.DataFrame:
+def _lengths(sc: Scenario, seed: int, n: int, rt: ReplicaRuntime) -> tuple[pd.DataFrame, bool]:
     """n requests of the scenario's length mix (a trace's own lengths: arrival 'trace', or 'closed'
-    with a trace; a short trace or window resampled with replacement), arrivals irrelevant."""
+    with a trace; a short trace or window resampled with replacement), arrivals irrelevant, and
+    whether requests the deployment rejects (longer than max_model_len) were left out: those
+    never enter capacity (they are refused, not served), so the mix is the one that is served."""
     trace = sc.workload.replays_trace
     wl = sc.workload.model_copy(update={"num_requests": n, "utilisation": None, "rate_rps": 1.0, "rate_profile": None,
                                         "arrival": "trace" if trace else "poisson"})
     table = generate(wl, seed, None if trace else 1.0)
+    check_fits(sc, rt, table.prompt_tokens.to_numpy(), table.output_tokens.to_numpy())  # none fits: an error
+    ok = request_fits(rt, table.prompt_tokens.to_numpy(), table.output_tokens.to_numpy())
+    clipped = not bool(ok.all())
+    if clipped:
+        table = table[ok].reset_index(drop=True).assign(id=lambda t: np.arange(len(t), dtype=np.int64))
     if len(table) < n:
         pick = np.random.default_rng(seed).integers(0, len(table), n)
         table = table.iloc[pick].reset_index(drop=True).assign(id=np.arange(n, dtype=np.int64))
-    return table
+    return table, clipped
 
 
 def kv_sequences(sc: Scenario, rt: ReplicaRuntime, seed: int) -> int:
     """Sequences of the mix's mean final length (prompt + output) one replica's paged KV holds."""
     if sc.workload.replays_trace:
-        t = _lengths(sc, seed, 2000)
+        t, _ = _lengths(sc, seed, 2000, rt)
         mean_len = float(t.prompt_tokens.mean() + t.output_tokens.mean())
     else:
         mean_len = (LengthSampler(sc.workload.prompt_tokens, "prompt_tokens").mean()

@@ -387,6 +387,18 @@ def check_lengths(sc: ScenarioSpec, rt: ReplicaRuntime) -> None:
                          f"tokens) > {_length_limit(rt)}")
 
 
+def rejection_reason(rt: ReplicaRuntime) -> str:
+    """Why a request is rejected, in words: longer than max_model_len, and what bounds it."""
+    bound = ("the model's context length" if rt.max_model_len >= MAX_MODEL_LEN
+             else f"the KV cache of one replica ({rt.plan.kv_capacity_tokens:,} tokens)")
+    return f"prompt + output longer than max_model_len = {rt.max_model_len:,} tokens ({bound})"
+
+
+def fits(rt: ReplicaRuntime, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
+    """Which requests the deployment accepts (prompt + output <= max_model_len), as vLLM admits."""
+    return (np.asarray(prompt, dtype=np.int64) + np.asarray(output, dtype=np.int64)) <= rt.max_model_len
+
+
 def check_fits(sc: ScenarioSpec, rt: ReplicaRuntime, prompt: np.ndarray, output: np.ndarray) -> None:
     """At run time: when every request of the table is too long, a one-line ConfigError
     (nothing would be measured)."""

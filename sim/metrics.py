@@ -566,10 +566,12 @@ class SloWatch:
 
 def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s: float, replicas: int,
               gpus_per_replica: int, peak_flops: float, mem_bw: float, slo: dict[str, float],
-              busy_scale: float | None = None) -> dict[str, Any]:
+              busy_scale: float | None = None, rejected_arrival_s: np.ndarray | None = None) -> dict[str, Any]:
     """The latency and throughput section of a run's summary (see docs/METRICS.md for every
     formula): latencies, throughput, goodput, GPU busy share, MFU and HBM bandwidth use, batch,
-    speculation and prefix-caching figures over the window [warmup_s, end_s). `busy_scale`: the
+    speculation and prefix-caching figures over the window [warmup_s, end_s). Requests the
+    deployment rejected (`rejected_arrival_s`: their arrival times) count as offered, never as
+    completed. `busy_scale`: the
     busy shares' correction when fewer replicas ran than the rack holds (an autoscaled run:
     `sim.summary.fleet_section`), None for every replica running throughout."""
     window = max(end_s - warmup_s, 1e-9)
@@ -603,6 +605,8 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     s["e2e_s"] = dist(m.e2e_s.to_numpy())
     s["queue_s"] = dist(m.queue_s.to_numpy())
     offered = int(meas.sum())
+    if rejected_arrival_s is not None and rejected_arrival_s.size:
+        offered += int(((rejected_arrival_s >= warmup_s) & (rejected_arrival_s < end_s)).sum())
     completed_in_window = int(((req.completion_s >= warmup_s) & (req.completion_s < end_s)).sum())
     s["offered_requests"] = offered
     s["completed_requests"] = int((meas & done).sum())

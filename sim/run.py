@@ -25,7 +25,8 @@ import simpy
 from simpy.events import URGENT, EventPriority
 
 from models.speculative import acceptance_at_quantile, acceptance_draws
-from sim.deployment import ReplicaRuntime, check_fits
+from sim.deployment import ReplicaRuntime, check_fits, rejection_reason
+from sim.deployment import fits as request_fits
 from sim.engine import Replica
 from sim.fleet import Autoscaler, Fleet, FleetBound, FollowLoad, change_times, timeout_with
 from sim.joint import RackPlanner
@@ -57,6 +58,9 @@ class RunOutput:
     truncated: bool
     horizon_s: float
     rejected: int = 0
+    rejected_arrival_s: np.ndarray | None = None
+    rejected_reason: str = ""
+    rejected_lines: tuple[int, ...] = ()
     stopped_early: dict[str, Any] | None = None
     fleet: list[tuple[float, int, int]] | None = None
     autoscale: list[tuple[float, float, int, int]] | None = None
@@ -258,8 +262,10 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     spreads = np.array([c.acceptance_spread for c in wl.classes])
     # requests longer than the model (or the KV cache) allows are rejected, as vLLM does
     check_fits(sc, rt, table.prompt_tokens.to_numpy(), table.output_tokens.to_numpy())  # all rejected: error
-    fits = (table.prompt_tokens + table.output_tokens) <= rt.max_model_len
+    fits = request_fits(rt, table.prompt_tokens.to_numpy(), table.output_tokens.to_numpy())
     rejected = int((~fits).sum())
+    rej = table[~fits]
+    rejected_lines = tuple(int(x) for x in rej.trace_line) if "trace_line" in rej.columns else ()
     table_arrival_max = float(table.arrival_s.max()) if len(table) else float("nan")
     table = table[fits].reset_index(drop=True)
     arrival = table.arrival_s.to_numpy(np.float64)
@@ -393,6 +399,8 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     # one array per column, built block by block (no second copy of the rows), and not copied again
     steps = pd.DataFrame(log.columns(STEP_INT_COLUMNS), copy=False)
     return RunOutput(req_df, steps, truncated, float(env.now), rejected=rejected,
+                     rejected_arrival_s=rej.arrival_s.to_numpy(np.float64), rejected_lines=rejected_lines,
+                     rejected_reason=rejection_reason(rt) if rejected else "",
                      stopped_early=failed.value if failed is not None and failed.triggered else None,
                      fleet=fleet.timeline if fleet is not None else None,
                      autoscale=scaler.decisions if scaler is not None else None,

@@ -28,7 +28,7 @@ from sim.capacity import (
     capacity_for,
     needs_capacity,
 )
-from sim.deployment import ReplicaRuntime, build_runtime
+from sim.deployment import ReplicaRuntime, build_runtime, rejection_reason
 from sim.fleet import default_warmup_s
 from sim.metrics import bench_metrics, closed_loop_stability, intervals, request_latencies, stability, summarise
 from sim.run import RunOutput, run_table
@@ -213,7 +213,8 @@ def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop
     targets = sc.slo.targets()
     tp = summarise(req, steps, warmup_s=warm, end_s=end_s, replicas=rt.num_replicas,
                    gpus_per_replica=rt.gpus_per_replica, peak_flops=peak_flops(rt.cost.gpu, rt.cost.weights),
-                   mem_bw=rt.cost.gpu.mem_bw_bytes_s, slo=targets, busy_scale=busy_scale)
+                   mem_bw=rt.cost.gpu.mem_bw_bytes_s, slo=targets, busy_scale=busy_scale,
+                   rejected_arrival_s=out.rejected_arrival_s)
     if loop == "open":
         ramp = conversation_ramp_s(wl.conversations) if wl.conversations is not None else 0.0
         judged = stability(req, warmup_s=warm, end_s=end_s, truncated=out.truncated, ramp_s=ramp)
@@ -225,7 +226,7 @@ def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop
     slo = slo_section(tp, targets, out.stopped_early)
     clients = wl.concurrency if wl.closed else wl.max_concurrency
     run = {"truncated": bool(out.truncated), "horizon_s": float(out.horizon_s), "loop": loop, "concurrency": clients,
-           "window_end_s": end_s, "rejected_requests": int(out.rejected),
+           "window_end_s": end_s, **rejected_fields(out, len(req)),
            "offered_rate_rps": rate if rate is not None else float("nan")}
     # vllm bench serve's figures, computed as its script does: over the whole run, no warm-up
     bench = {**bench_metrics(req, steps), "max_concurrency": clients,
@@ -251,6 +252,25 @@ def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop
         "capacity": capacity.as_dict() if capacity is not None else {},
         "provenance": provenance_section(sc, seed),
     })
+
+
+REJECTED_LINES_SHOWN = 10  # trace lines named in the summary (the count is always whole)
+
+
+def rejected_fields(out: RunOutput, accepted: int) -> dict[str, Any]:
+    """The run section's rejected-request keys: how many the deployment refused, their share of
+    every request the run was offered, why, and (a trace) the first rows by line number."""
+    total = out.rejected + accepted
+    return {"rejected_requests": int(out.rejected), "rejected_share": out.rejected / total if total else 0.0,
+            "rejected_reason": out.rejected_reason, "rejected_lines": lines_text(out.rejected_lines)}
+
+
+def lines_text(lines: tuple[int, ...]) -> str:
+    """Trace line numbers as the summary shows them: '17, 243' (the first REJECTED_LINES_SHOWN,
+    then how many more)."""
+    shown = ", ".join(str(x) for x in sorted(lines)[:REJECTED_LINES_SHOWN])
+    more = len(lines) - REJECTED_LINES_SHOWN
+    return shown + (f" and {more:,} more" if more > 0 else "")
 
 
 def own_utilisation(sc: Scenario, rate: float | None, capacity: RunCapacity | None) -> float:
@@ -341,7 +361,9 @@ def run_closed(sc: Scenario, rt: ReplicaRuntime, seed: int, *, progress: bool = 
         req = req[sent].reset_index(drop=True)
         # the pool's requests the clients got to but never sent: too long for the deployment,
         # skipped (as vLLM rejects)
-        return dataclasses.replace(out, requests=req, rejected=reached - len(req), window_end_s=end_s)
+        skipped = reached - len(req)
+        return dataclasses.replace(out, requests=req, rejected=skipped, window_end_s=end_s,
+                                   rejected_reason=rejection_reason(rt) if skipped else "")
     return dataclasses.replace(out, window_end_s=last_send)
 
 

@@ -80,7 +80,7 @@ LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("economics", ("quality_in_distribution", "quality_tail", "quality_by_class", "quality_overall",
                    "retraining_usd_per_month", "usd_per_gpu_hour", "serving_usd_per_month", "usd_per_mtok_serving",
                    "usd_per_mtok_retraining", "usd_per_mtok")),
-    ("run", ("rejected_requests",)),
+    ("run", ("rejected_requests", "rejected_share", "rejected_reason", "rejected_lines")),
     ("deployment", ("engine_profile", "num_replicas", "kv_capacity_tokens", "kv_pool_gib")),
     ("run", ("offered_rate_rps",)),
     ("capacity", (*_capacity_keys(""), *_capacity_keys("speculative_"))),

@@ -116,7 +116,7 @@ def _read_csv(path: Path, name: str, fmt: str) -> pd.DataFrame:
         arrival = _seconds(table[t_col], lines, t_col, 1.0, bad)
     out = pd.DataFrame({"arrival_s": arrival,
                         "prompt_tokens": _tokens(table[p_col], lines, p_col, bad),
-                        "output_tokens": _tokens(table[o_col], lines, o_col, bad)})
+                        "output_tokens": _tokens(table[o_col], lines, o_col, bad), "line": lines})
     _raise_first(name, bad)
     return out
 
@@ -160,7 +160,7 @@ def _read_mooncake(path: Path, name: str) -> pd.DataFrame:
     out = pd.DataFrame({"arrival_s": _seconds(table["timestamp"], at, "timestamp", 1e-3, bad),
                         "prompt_tokens": _tokens(table["input_length"], at, "input_length", bad),
                         "output_tokens": _tokens(table["output_length"], at, "output_length", bad),
-                        "hash_ids": table["hash_ids"].astype(str)})
+                        "hash_ids": table["hash_ids"].astype(str), "line": at})
     _raise_first(name, bad)
     return out
 
@@ -183,7 +183,8 @@ def detect_format(path: str | Path) -> str:
 
 
 def load_trace(path: str | Path, fmt: str = "auto") -> pd.DataFrame:
-    """Load a trace as arrival_s (s from the first request, sorted), prompt_tokens, output_tokens."""
+    """Load a trace as arrival_s (s from the first request, sorted), prompt_tokens, output_tokens
+    and `line`, each row's 1-based line number in the file (to name rows in messages)."""
     p = Path(path)
     name = str(path)
     if not p.is_file():

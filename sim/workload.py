@@ -291,7 +291,7 @@ def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | Non
     rs = streams(seed)
     n = wl.num_requests
     units: tuple[list[np.ndarray], list[np.ndarray]] | None = None
-    conv_id = turn = None
+    conv_id = turn = trace_line = None
     if wl.closed:
         n = n if n is not None else pool
         if n is None or n < 1:
@@ -317,6 +317,7 @@ def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | Non
         arrival = df.arrival_s.to_numpy(np.float64) if not wl.closed else np.full(len(df), np.nan)
         prompt = df.prompt_tokens.to_numpy(np.int64)
         output = df.output_tokens.to_numpy(np.int64)
+        trace_line = df.line.to_numpy(np.int64)
         if "hash_ids" in df.columns and (df.hash_ids.str.len() > 0).any():  # Mooncake's prefix-block hashes
             units = hash_units(df.hash_ids.to_list(), prompt, BLOCK_SIZE)
     elif wl.conversations is not None:
@@ -361,6 +362,8 @@ def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | Non
     })
     if wl.closed and wl.think_time_s is not None:
         table["think_s"] = think_times(wl.think_time_s, rs["think"], m)
+    if trace_line is not None:  # each request's line in the trace file, to name rows in messages
+        table["trace_line"] = trace_line
     if conv_id is not None and turn is not None:
         table["conversation"] = conv_id
         table["turn"] = turn

@@ -29,3 +29,20 @@ def image_flags(p: argparse.ArgumentParser) -> None:
     for fmt in ("png", "svg"):
         p.add_argument(f"--{fmt}", action="store_true",
                        help=f"also export the figures as {fmt.upper()} (needs Kaleido: pip install -e '.[images]')")
+
+
+REJECT_WARN_SHARE = 0.01  # a run that rejects more than 1% of its requests says so as a warning
+
+
+def rejected_line(rejected: int, share: float, reason: str, lines: str = "") -> str | None:
+    """One line on the requests a run rejected (none: None): how many, their share, why, which
+    trace lines, and the fix; 'WARNING' when more than REJECT_WARN_SHARE of the requests."""
+    if not rejected:
+        return None
+    total = round(rejected / share) if share > 0 else rejected
+    head = "WARNING: " if share > REJECT_WARN_SHARE else ""
+    where = f"; trace lines {lines}" if lines else ""
+    fix = ("give the KV cache more room (more GPUs per replica, fp8 KV, higher gpu_memory_utilization) or cap the "
+           "lengths" if "KV cache" in reason else "cap the lengths to the model's context")
+    return (f"  {head}{rejected:,} of {total:,} requests ({share:.1%}) rejected, {reason}{where}: counted as offered, "
+            f"never served, in no latency; to serve them, {fix} (the length distribution's max, or drop those rows)")

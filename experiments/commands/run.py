@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from experiments.commands.common import load, scenario_parser
+from experiments.commands.common import load, rejected_line, scenario_parser
 from experiments.report import timeseries_chart
 from experiments.why import LIGHT_UTILISATION, why_lines, why_speedup
 from models.errors import ConfigError
@@ -45,9 +45,13 @@ def run(a: argparse.Namespace) -> int:
     s = res.summary
     verdict = {"stable": "stable", "overloaded": "OVERLOADED", "insufficient": "INSUFFICIENT TO JUDGE",
                "unjudged": "STOPPED: SLO CERTAIN TO FAIL"}[s["verdict"]]
-    print(f"{sc.name} seed {res.seed}: {s['completed_requests']}/{s['offered_requests']} requests, "
+    rejected = f" ({s['rejected_requests']:,} rejected)" if s["rejected_requests"] else ""
+    print(f"{sc.name} seed {res.seed}: {s['completed_requests']}/{s['offered_requests']} requests{rejected}, "
           f"{s['offered_rps']:.2f} req/s {'offered' if s['loop'] == 'open' else 'sent'}, {s['throughput_rps']:.2f} served, {s['throughput_tok_s']:.0f} tok/s; "
           f"{verdict}{' (' + s['verdict_reason'] + ')' if s['verdict_reason'] else ''} -> {out}")
+    note = rejected_line(s["rejected_requests"], s["rejected_share"], s["rejected_reason"], s["rejected_lines"])
+    if note:
+        print(note)
     print(f"  capacity {s['capacity_rps']:.2f} req/s" + (f", with speculation {s['speculative_capacity_rps']:.2f}"
                                                         if "speculative_capacity_rps" in s else ""))
     if "cache_hit_rate" in s:  # prefix caching acted (requests carry block hashes)

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.analysis import attributions, crossovers, speedups
-from experiments.commands.common import image_flags
+from experiments.commands.common import image_flags, rejected_line
 from experiments.images import image_formats, write_images
 from experiments.report import report_figures, write_report
 from experiments.sweep import check_out_dir, curve_rows, executor_for, load_sweep, run_sweep, write_tables
@@ -93,7 +93,24 @@ def run(a: argparse.Namespace) -> int:
         if v in spec_variants:
             where = f"crosses 1.0 at {spec.axis} {u:.2f}" if np.isfinite(u) else "stays above 1.0 over the sweep"
             print(f"  {v}: ITL (TPOT) speedup {where}{fade_cause(why, v, spec.axis)}")
+    for line in rejected_lines(ok):
+        print(line)
     if failed:
         print(f"{failed} point(s) failed; see stderr above", file=sys.stderr)
         return 1
     return 0
+
+
+def rejected_lines(df: pd.DataFrame) -> list[str]:
+    """One line per variant whose runs rejected requests (too long for the deployment): the
+    worst point's count, share and reason (`rejected_line`; 'WARNING' over 1%)."""
+    if "rejected_requests" not in df or not (df.rejected_requests > 0).any():
+        return []
+    out = []
+    for v, g in df[df.rejected_requests > 0].groupby("variant", sort=False):
+        worst = g.loc[g.rejected_share.idxmax()]
+        line = rejected_line(int(worst.rejected_requests), float(worst.rejected_share), str(worst.rejected_reason),
+                             str(worst.rejected_lines))
+        if line:
+            out.append(f"  {v} (worst point, of {len(g)} with rejections):" + line[1:])
+    return out
