@@ -136,7 +136,10 @@ def cost_column(df: pd.DataFrame) -> str:
 
 
 def cheapest(df: pd.DataFrame, variants: list[str], x: str, column: str) -> pd.DataFrame:
-    """Per load point: the cheapest of `variants` by `column` (mean over seeds): x, variant, usd."""
+    """Per load point: the cheapest of `variants` by `column` (mean over seeds): x, variant, usd
+    (empty when the table has no such column)."""
+    if column not in df:
+        return pd.DataFrame(columns=[x, "variant", "usd"])
     d = df[df.variant.isin(variants)].groupby([x, "variant"], sort=False)[column].mean().dropna().reset_index()
     if d.empty:
         return pd.DataFrame(columns=[x, "variant", "usd"])
