@@ -176,6 +176,30 @@ def _row_legends(fig: go.Figure, groups: list[tuple[str, list[str]]]) -> None:
                 fig.update_xaxes(title_text="", row=max(len(groups), 1), col=c)
 
 
+def _axes_of(fig: go.Figure, row: int, col: int) -> tuple[str, str]:
+    """The x and y axis names ("x3", "y3") of a panel of a make_subplots figure."""
+    ncols = len(fig._grid_ref[0]) if getattr(fig, "_grid_ref", None) else 1
+    k = (row - 1) * ncols + col
+    return ("x", "y") if k == 1 else (f"x{k}", f"y{k}")
+
+
+def _hline(fig: go.Figure, y: float, row: int, col: int, colour: str, dash: str, label: str = "") -> None:
+    """A horizontal line across one panel (and its label at the right), as `add_hline` draws it,
+    without its per-call validation of the whole figure (slow with many panels)."""
+    xa, ya = _axes_of(fig, row, col)
+    fig.layout.shapes += ({"type": "line", "xref": f"{xa} domain", "x0": 0, "x1": 1, "yref": ya, "y0": y, "y1": y,
+                           "line": {"color": colour, "dash": dash}},)
+    if label:
+        fig.layout.annotations += ({"xref": f"{xa} domain", "x": 1, "xanchor": "right", "yref": ya, "y": y,
+                                    "yanchor": "bottom", "text": label, "showarrow": False},)
+
+
+def _note(fig: go.Figure, row: int, col: int, **kw: Any) -> None:
+    """An annotation in one panel (`add_annotation(row=, col=)` without its validation cost)."""
+    xa, ya = _axes_of(fig, row, col)
+    fig.layout.annotations += ({"xref": xa, "yref": ya, **kw},)
+
+
 def _wrap(title: str, width: int = 26) -> str:
     """A legend title in bold, broken into lines of about `width` characters."""
     lines: list[str] = []
@@ -258,12 +282,12 @@ def speedup_chart(sp: pd.DataFrame, metrics: tuple[str, ...] = (HEADLINE, "e2e_s
                 first = d[d.variant == v].sort_values(xa)["mean"]
                 if np.isfinite(u) and len(first) and first.iloc[0] >= 1.0:  # a crossing, not a start below 1
                     # an arrow onto the 1.0 line; on a log axis an annotation's position is in decades
-                    fig.add_annotation(x=np.log10(u) if xa == "concurrency" else u, y=0.0,
-                                       text=f"{v} {u:.2f}" if xa == "utilisation" else f"{v} {u:.0f}",
-                                       showarrow=True, arrowhead=2, arrowcolor=col[v], ax=0, ay=28 + 16 * k,
-                                       font={"size": 10, "color": col[v]}, row=i, col=j)
+                    _note(fig, i, j, x=float(np.log10(u)) if xa == "concurrency" else u, y=0.0,
+                          text=f"{v} {u:.2f}" if xa == "utilisation" else f"{v} {u:.0f}",
+                          showarrow=True, arrowhead=2, arrowcolor=col[v], ax=0, ay=28 + 16 * k,
+                          font={"size": 10, "color": col[v]})
                     k += 1
-            fig.add_hline(y=1.0, line_dash="dash", line_color="#888", row=i, col=j)
+            _hline(fig, 1.0, i, j, "#888", "dash")
     _x_axes(fig, xa, values=sp[xa])
     ys = pd.concat([sp.ci_low, sp.ci_high, sp["mean"], pd.Series([1.0])])
     fig.update_yaxes(title_text="speedup (x)", **log_axis(ys))
@@ -317,7 +341,7 @@ def latency_chart(df: pd.DataFrame, slo: dict[str, float] | None = None,
         for j, (metric, k) in enumerate((("ttft", 1.0), ("tpot", 1e3), ("itl", 1e3)), start=1):
             target = slo.get(f"{metric}_p99_s")
             if target is not None:
-                fig.add_hline(y=target * k, line_dash="dot", line_color="red", annotation_text="SLO", row=i, col=j)
+                _hline(fig, target * k, i, j, "red", "dot", "SLO")
         fig.update_yaxes(title_text="seconds", rangemode="tozero", row=i, col=1)
         fig.update_yaxes(title_text="milliseconds", rangemode="tozero", row=i, col=2)
         fig.update_yaxes(title_text="milliseconds", rangemode="tozero", row=i, col=3)
@@ -355,9 +379,9 @@ def capacity_chart(capacities: dict[str, dict[str, Any]],
                                      hovertemplate=f"{v}<br>%{{x:.0f}} requests in system<br>%{{y:.2f}} req/s"
                                                    "<extra></extra>"), i, 1)
             if c.get("collapse"):
-                fig.add_annotation(x=c["peak_concurrency"], y=c["peak_rps"], showarrow=True, arrowhead=2, ay=-30,
-                                   text=f"{v}: peak {c['peak_rps']:.1f}; full batch {c['full_batch_rps']:.1f}",
-                                   font={"size": 10, "color": col[v]}, arrowcolor=col[v], row=i, col=1)
+                _note(fig, i, 1, x=c["peak_concurrency"], y=c["peak_rps"], showarrow=True, arrowhead=2, ay=-30,
+                      text=f"{v}: peak {c['peak_rps']:.1f}; full batch {c['full_batch_rps']:.1f}",
+                      font={"size": 10, "color": col[v]}, arrowcolor=col[v])
     fig.update_xaxes(title_text="requests in the system (closed-loop clients)", row=len(groups), col=1)
     fig.update_yaxes(title_text="requests/s")
     fig.update_layout(template="plotly_white", title="Throughput vs load: the peak, and the collapse where the batch fills")
@@ -416,8 +440,7 @@ def quality_cost_chart(df: pd.DataFrame, floor: float | None = None,
     fig = _facets(groups, ["quality vs cost at own capacity"], 260, shared_xaxes=True)
     for i, (_, members) in enumerate(groups, start=1):
         if floor is not None:
-            fig.add_hline(y=floor, line_dash="dot", line_color="#b00", annotation_text=f"tail-quality floor {floor:g}",
-                          annotation_position="bottom right", row=i, col=1)
+            _hline(fig, floor, i, 1, "#b00", "dot", f"tail-quality floor {floor:g}")
         for v in members:
             r = g.loc[v]
             fig.add_trace(go.Scatter(x=[r.usd_per_mtok_at_capacity] * 2, y=[r.quality_tail, r.quality_in_distribution],
