@@ -68,9 +68,10 @@ def speedups(df: pd.DataFrame, reference: str = "baseline", x: str = "utilisatio
     return pd.DataFrame(rows, columns=["variant", x, "metric", "mean", "ci_low", "ci_high", "n"])
 
 
-def crossovers(sp: pd.DataFrame, metric: str = HEADLINE) -> dict[str, float]:
+def crossovers(sp: pd.DataFrame, metric: str = HEADLINE, level: float = 1.0) -> dict[str, float]:
     """Per variant: the load point (utilisation or concurrency, whichever the table has) where the
-    mean speedup first falls below 1.0 (NaN if never)."""
+    mean speedup first falls below `level` (1.0: where it stops paying), interpolated linearly
+    between the sweep's points; the lightest point when it is below there already, NaN if never."""
     x = load_axis(sp)
     out: dict[str, float] = {}
     for v, g in sp[sp.metric == metric].groupby("variant", sort=False):
@@ -78,14 +79,72 @@ def crossovers(sp: pd.DataFrame, metric: str = HEADLINE) -> dict[str, float]:
         u, s = g[x].to_numpy(float), g["mean"].to_numpy(float)
         cross = float("nan")
         for i in range(len(s)):
-            if s[i] < 1.0:
+            if s[i] < level:
                 if i == 0:
                     cross = u[0]
                 else:
-                    cross = float(u[i - 1] + (1.0 - s[i - 1]) * (u[i] - u[i - 1]) / (s[i] - s[i - 1]))
+                    cross = float(u[i - 1] + (level - s[i - 1]) * (u[i] - u[i - 1]) / (s[i] - s[i - 1]))
                 break
         out[str(v)] = cross
     return out
+
+
+# the report's families of strategies, in the order it tells them
+FAMILIES = ("speculative", "distilled", "quantized", "composition", "other")
+FAMILY_TITLES = {"reference": "reference", "speculative": "Speculative decoding", "distilled": "Distilled",
+                 "quantized": "Quantized", "composition": "Compositions", "other": "Other deployments"}
+FADE_LEVELS = (1.5, 1.0)  # the speedups whose load the report names: where it fades, where it stops paying
+
+
+def families(df: pd.DataFrame, reference: str) -> dict[str, str]:
+    """Each variant's family, from its results columns: "reference"; "speculative" (speculation on
+    the reference's deployment); "distilled" (`distilled_from` set, no speculation); "quantized"
+    (the reference's model with other weights or KV precision, no speculation); "composition"
+    (speculation on any other deployment: a distilled or quantized model with a draft); "other"
+    (another model, GPU or rack without speculation)."""
+    first = df.groupby("variant", sort=False).first()
+    ref = first.loc[reference] if reference in first.index else None
+
+    def differs(r: pd.Series, cols: tuple[str, ...]) -> bool:
+        return ref is not None and any(c in first and r[c] != ref[c] and not (pd.isna(r[c]) and pd.isna(ref[c]))
+                                       for c in cols)
+
+    out: dict[str, str] = {}
+    for v, r in first.iterrows():
+        spec = str(r.get("speculative_method", "none") or "none") != "none"
+        distilled = "distilled_from" in first and pd.notna(r.distilled_from) and str(r.distilled_from) != ""
+        same = not distilled and not differs(r, SAME_DEPLOYMENT)
+        if v == reference:
+            fam = "reference"
+        elif spec:
+            fam = "speculative" if same else "composition"
+        elif distilled:
+            fam = "distilled"
+        elif differs(r, ("weights", "kv_cache")) and not differs(r, ("model", "tensor_parallel", "gpu", "num_gpus")):
+            fam = "quantized"
+        else:
+            fam = "other"
+        out[str(v)] = fam
+    return out
+
+
+def cost_column(df: pd.DataFrame) -> str:
+    """The cost per million output tokens the report compares options by: with the rack sized to
+    each variant's own capacity at each utilisation (`usd_per_mtok_sized`) where capacity was
+    measured, else this rack at this load (`usd_per_mtok`: a concurrency sweep)."""
+    return "usd_per_mtok_sized" if "usd_per_mtok_sized" in df and df.usd_per_mtok_sized.notna().any() else "usd_per_mtok"
+
+
+def cheapest(df: pd.DataFrame, variants: list[str], x: str, column: str) -> pd.DataFrame:
+    """Per load point: the cheapest of `variants` by `column` (mean over seeds): x, variant, usd
+    (empty when the table has no such column)."""
+    if column not in df:
+        return pd.DataFrame(columns=[x, "variant", "usd"])
+    d = df[df.variant.isin(variants)].groupby([x, "variant"], sort=False)[column].mean().dropna().reset_index()
+    if d.empty:
+        return pd.DataFrame(columns=[x, "variant", "usd"])
+    best = d.loc[d.groupby(x)[column].idxmin()].sort_values(x)
+    return best.rename(columns={column: "usd"})[[x, "variant", "usd"]].reset_index(drop=True)
 
 
 # what makes two variants the same deployment but for speculation (results columns)

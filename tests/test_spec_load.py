@@ -210,3 +210,17 @@ def test_report_says_where_and_why_each_speedup_fades() -> None:
     assert set(bars) == {"verification compute", "drafter compute", "host work", "drafter KV (fewer admitted)",
                          "queueing"}
     assert sum(float(b[-1]) for b in bars.values()) == pytest.approx(100 * why.dln_speedup.iloc[-1])
+    # the top of the report: the question, then the speculative family's paragraph with where the
+    # speedup falls below 1.5x and 1.0x (1.07x -> 0.91x: crossing 1.0 between the two points) and why
+    from experiments.analysis import crossovers, speedups
+    from experiments.report import answer
+
+    sp = speedups(merged, "baseline")
+    paras = {p: t for p, _, t in answer(merged, sp, "baseline")}
+    assert list(paras) == ["lead", "family-speculative"]
+    assert paras["lead"].startswith("Where does each strategy's speedup fade, and by how much?")
+    u = crossovers(sp)["draft-1b"]
+    assert 0.3 < u < 0.85
+    text = paras["family-speculative"]
+    assert f"draft-1b 1.07x → 0.91x (below 1.5x already at u=0.30, below 1.0x from u≈{u:.2f})" in text
+    assert "mostly through verification compute (draft-1b −" in text

@@ -4,6 +4,7 @@ speedups, serial = parallel, resume, failed points, and one-line errors for bad 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import itertools
 import json
 import re
 import shutil
@@ -122,8 +123,12 @@ def test_quick_report_is_self_contained(quick: dict[str, Any]) -> None:
         assert f'"name":"{v}"' in headline.replace(": ", ":"), v
     for chart in ("latency", "cost", "quality", "utilisation", "why"):
         assert f'id="chart-{chart}"' in html
-    # where and why each speculative strategy's speedup fades (issue 37): draft-1b's, over the baseline
-    assert re.search(r"<li>draft-1b: ITL \(TPOT\) speedup [^<]*moves -\d+%, mostly verification compute", html)
+    # where and why each speculative strategy's speedup fades (issue 37): draft-1b's, over the baseline,
+    # in the collapsible details under the findings
+    details = re.search(r'<details id="details">(.*?)</details>', html, re.S)
+    assert details is not None
+    assert re.search(r"<li>draft-1b: ITL \(TPOT\) speedup [^<]*moves -\d+%, mostly verification compute",
+                     details.group(1))
     why = pd.read_csv(quick["out"] / "attribution.csv")
     assert set(why.variant) >= {"draft-1b", "eagle", "fp8+draft-1b"}
     assert (why[why.variant == "fp8+draft-1b"].against == "fp8").all()
@@ -144,7 +149,7 @@ def test_points_too_short_for_their_load_are_flagged(quick: dict[str, Any]) -> N
     assert not base[base.utilisation == 0.85].settled.any()
     assert (base[base.utilisation == 0.85].relaxation_s > 40).all()
     html = (quick["out"] / "report.html").read_text()
-    assert re.search(r"too short for their load to settle[^<]*baseline at u=0\.(60|85)", html)
+    assert re.search(r"too short for their load to settle[^<]*from u=0\.(60|85): [^<;]*\bbaseline\b", html)
 
 
 def test_draft_speeds_up_tpot_but_not_ttft_at_low_load(quick: dict[str, Any]) -> None:
@@ -159,6 +164,167 @@ def test_draft_speeds_up_tpot_but_not_ttft_at_low_load(quick: dict[str, Any]) ->
     ttft_speedup = b.ttft_s_mean / d.ttft_s_mean
     assert (ttft_speedup <= 1.0).all(), ttft_speedup
     assert (b.tpot_s_mean / d.tpot_s_mean > 1.0).all()
+
+
+# ----------------------------------------------------------------------------- the report answers first
+
+
+def figures_of(html: str) -> dict[str, tuple[list[dict[str, Any]], dict[str, Any]]]:
+    """Each chart of a report page as plotly draws it: div id -> (traces, layout), read from the
+    page's `Plotly.newPlot(id, traces, layout, ...)` calls."""
+    dec = json.JSONDecoder()
+    out = {}
+    for m in re.finditer(r'Plotly\.newPlot\(\s*"([^"]+)",\s*', html):
+        traces, end = dec.raw_decode(html, m.end())
+        layout, _ = dec.raw_decode(html, end + len(re.match(r"\s*,\s*", html[end:]).group(0)))
+        out[m.group(1)] = (traces, layout)
+    return out
+
+
+def panels_of(traces: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """The traces of each panel (its x and y axes)."""
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for t in traces:
+        out.setdefault((t.get("xaxis", "x"), t.get("yaxis", "y")), []).append(t)
+    return out
+
+
+def colours_by_name(html: str, chart: str = "chart-headline") -> dict[str, str]:
+    traces, _ = figures_of(html)[chart]
+    out: dict[str, str] = {}
+    for t in traces:
+        out.setdefault(t["name"], t["line"]["color"])
+        assert out[t["name"]] == t["line"]["color"], f"{t['name']} has two colours in {chart}"
+    return out
+
+
+def test_report_opens_with_the_answer_per_family(quick: dict[str, Any]) -> None:
+    """The top of the report is the project's question, then one paragraph per family of
+    strategies with where its TPOT speedup falls below 1.5x and 1.0x (interpolated), why, and the
+    cheapest option per million tokens at each load; the findings come after."""
+    from experiments.analysis import crossovers
+
+    html = (quick["out"] / "report.html").read_text()
+    body = html[html.index("</h1>"):]
+    paras = re.findall(r'<p id="([^"]+)" class="[^"]+">(.*?)</p>', body[:body.index("<h2>What this run found")], re.S)
+    assert [p for p, _ in paras] == ["lead", "family-speculative", "family-distilled", "family-quantized",
+                                     "family-composition"]
+    assert re.match(r'</h1>\s*<div id="answer"><p id="lead"', body)
+    assert dict(paras)["lead"].startswith("Where does each strategy&#x27;s speedup fade, and by how much, compared with the "
+                           "distilled and quantized options?")
+    text = {p: t.replace("&#x27;", "'") for p, t in paras}
+    for fam, title, members in (
+            ("speculative", "Speculative decoding", ("draft-1b", "draft-1b-adaptive", "eagle", "eagle3", "eagle3-tree")),
+            ("distilled", "Distilled", ("distilled-8b",)), ("quantized", "Quantized", ("fp8",)),
+            ("composition", "Compositions", ("distilled-8b+draft-1b", "fp8+draft-1b"))):
+        t = text[f"family-{fam}"]
+        assert t.startswith(f"<b>{title}.</b> TPOT speedup u=0.30 → u=0.85: "), t[:80]
+        for v in members:
+            assert re.search(rf"[ ;:]{re.escape(v)} \d+\.\d\dx → \d+\.\d\dx", t), (fam, v)
+        assert "Cheapest per million output tokens of these and baseline: " in t
+    # where each fades, as speedups.csv interpolates it, is in its family's paragraph
+    sp = quick["sp"]
+    spec_text = text["family-speculative"]
+    for level in (1.5, 1.0):
+        for v, u in crossovers(sp, level=level).items():
+            if np.isfinite(u) and u > sp.utilisation.min():
+                t = next(t for p, t in text.items() if p != "lead" and re.search(rf"[ ;:]{re.escape(v)} \d", t))
+                assert re.search(rf"{re.escape(v)} [^;]*below {level:.1f}x from u≈{u:.2f}", t), (v, level, u)
+    assert "below 1.0x from u≈" in spec_text  # eagle3-tree stops paying inside the quick sweep
+    assert "mostly through verification compute" in spec_text  # why, from the attribution
+    assert re.search(r"distilled-8b's own capacity is \d+\.\d\dx the baseline's", text["family-distilled"])
+    # the cheapest option at each load, from the sized cost the cost chart draws
+    assert re.search(r"Cheapest per million output tokens \(rack sized to each option's own capacity; baseline "
+                     r"\$\d+\.\d\d → \$\d+\.\d\d\): distilled-8b at every load", text["lead"])
+
+
+def test_report_findings_are_six_bullets_at_most(quick: dict[str, Any]) -> None:
+    html = (quick["out"] / "report.html").read_text()
+    found = re.search(r'<ul id="summary">(.*?)</ul>', html, re.S)
+    assert found is not None
+    assert 1 <= found.group(1).count("<li>") <= 6
+    details = re.search(r'<details id="details"><summary>Details: (\d+) more findings[^<]*</summary><ul>(.*?)</ul>'
+                        r"</details>", html, re.S)
+    assert details is not None and int(details.group(1)) == details.group(2).count("<li>") > 6
+
+
+def test_report_panels_hold_six_lines_at_most_in_distinct_colours(quick: dict[str, Any]) -> None:
+    """Every panel of every chart draws at most six traces, the reference's among them, each
+    variant in its own colour; the ten strategies of the quick sweep all appear."""
+    from experiments.report import MIN_DISTANCE, colour_distance
+
+    html = (quick["out"] / "report.html").read_text()
+    figs = figures_of(html)
+    assert {"chart-headline", "chart-latency", "chart-cost", "chart-quality", "chart-utilisation",
+            "chart-capacity", "chart-why"} <= set(figs)
+    for chart, (traces, _) in figs.items():
+        for axes, ts in panels_of(traces).items():
+            assert len(ts) <= 6, (chart, axes, [t.get("name") for t in ts])
+            if chart != "chart-why":  # a line per variant: distinct colours, the baseline in each
+                colours = [t["line"]["color"] for t in ts]
+                assert len(set(colours)) == len(colours), (chart, axes, colours)
+                assert "baseline" in {t["name"] for t in ts}, (chart, axes)
+    headline = {t["name"] for t in figs["chart-headline"][0]}
+    assert headline == set(QUICK_VARIANTS)
+    colours = colours_by_name(html)
+    assert colour_distance(colours["eagle3"], colours["eagle3-tree"]) >= MIN_DISTANCE  # once two near pinks
+    assert all(colour_distance(a, b) >= MIN_DISTANCE for a, b in itertools.combinations(colours.values(), 2))
+
+
+def test_strategy_colours_are_fixed_across_reports(quick: dict[str, Any], tmp_path: Path) -> None:
+    """A strategy has the same colour in two reports of different variants, in any order; a name
+    outside the built-in table keeps a colour too."""
+    from experiments.report import write_report
+
+    df, sp = quick["df"], quick["sp"]
+    first = colours_by_name((quick["out"] / "report.html").read_text())
+    keep = ["baseline", "fp8+draft-1b", "eagle3-tree", "draft-1b"]
+    sub = df[df.variant.isin(keep[1:])].iloc[::-1]  # another set, in another order
+    renamed = df[df.variant == "eagle"].assign(variant="my-head")
+    two = pd.concat([df[df.variant == "baseline"], sub, renamed])
+    sp2 = speedups(two, "baseline")
+    page = write_report(two, sp2, tmp_path / "two").read_text()
+    second = colours_by_name(page)
+    assert set(second) == {*keep, "my-head"}
+    for v in keep:
+        assert second[v] == first[v], v
+    page3 = write_report(pd.concat([renamed, df[df.variant == "baseline"]]), sp2, tmp_path / "three").read_text()
+    assert colours_by_name(page3)["my-head"] == second["my-head"]
+    assert sp.variant.nunique() == len(QUICK_VARIANTS)
+
+
+def test_facets_put_the_reference_in_every_row_and_six_lines_at_most() -> None:
+    from experiments.report import MAX_LINES, facet_groups
+
+    names = ["base", *[f"spec-{i}" for i in range(12)], "dist", "q8"]
+    fams = {"base": "reference", "dist": "distilled", "q8": "quantized", **{f"spec-{i}": "speculative" for i in range(12)}}
+    rows = facet_groups(names, fams, "base")
+    assert all(r[0] == "base" and len(r) <= MAX_LINES for _, r in rows)
+    assert sorted(v for _, r in rows for v in r[1:]) == sorted(names[1:])  # every variant once
+    assert [t for t, _ in rows] == ["Speculative decoding (1/3)", "Speculative decoding (2/3)",
+                                    "Speculative decoding (3/3), distilled and quantized"]
+    assert facet_groups(["a", "b"], None, None) == [("", ["a", "b"])]  # no families, no reference: one row
+
+
+def test_panel_colours_resolve_a_hash_clash_the_same_way_in_any_order() -> None:
+    from experiments.report import (
+        MIN_DISTANCE,
+        OTHER_COLOURS,
+        STRATEGY_COLOURS,
+        colour_distance,
+        colour_of,
+        panel_colours,
+    )
+
+    # the built-in strategies told apart at a glance, wherever they meet
+    assert all(colour_distance(a, b) >= MIN_DISTANCE for a, b in itertools.combinations(STRATEGY_COLOURS.values(), 2))
+    assert not set(OTHER_COLOURS) & set(STRATEGY_COLOURS.values())
+    names = [f"s{i}" for i in range(40)]
+    a, b = next((a, b) for i, a in enumerate(names) for b in names[i + 1:] if colour_of(a) == colour_of(b))
+    one = panel_colours(["baseline", a, b])
+    other = panel_colours([b, "baseline", a])
+    assert one == other and all(colour_distance(x, y) >= MIN_DISTANCE for x, y in itertools.combinations(one.values(), 2))
+    assert one["baseline"] == STRATEGY_COLOURS["baseline"] and one[min(a, b)] == colour_of(min(a, b))
 
 
 # ----------------------------------------------------------------------------- a small sweep, shared
