@@ -764,8 +764,10 @@ def summary_text(df: pd.DataFrame, sp: pd.DataFrame, capacities: dict[str, dict[
                 u = float(bad[x].min())
                 first = bad[bad[x] == u]
                 why = [c for c in checks if not first[f"slo_{c}_met"].astype(bool).all()]
-                if "verdict" in first and (first.verdict != "stable").any():
+                if "verdict" in first and (first.verdict == "overloaded").any():
                     why.append("stability")
+                elif "verdict" in first and (first.verdict == "insufficient").any():
+                    why.append("not judged: run too short")
                 missed[str(v)] = (u, ", ".join(why))
         found.append(f"SLO ({', '.join(checks)}; each checked on its own metric, plus stability): "
                      + ("met at every point." if not missed else "missed " + _grouped(missed, short) + "."))
