@@ -150,10 +150,10 @@ def not_applicable_columns(reason: str) -> dict[str, Any]:
 
 
 def another_gpu(ranked: pd.DataFrame) -> pd.DataFrame:
-    """Each failing row's `fix_gpu` and the first change of its `fix`: the cheapest passing option
-    of the same strategy on another GPU type of the plan ("another GPU"), else the cheapest passing
-    option on another GPU type ("another option"). An option that cannot run on its GPU type has
-    that change alone where there is one."""
+    """Each failing row's first change in `fix`: the cheapest passing option of the same strategy
+    on another GPU type of the plan ("another GPU", named in `fix_gpu`), else the plan's cheapest
+    passing option ("another option"). An option that cannot run on its GPU type has that change
+    alone where there is one."""
     if "feasible" not in ranked or ranked.feasible.astype(bool).all():
         return ranked
     ok = ranked[ranked.feasible.astype(bool)]
@@ -161,19 +161,16 @@ def another_gpu(ranked: pd.DataFrame) -> pd.DataFrame:
     for col in ("fix_gpu", "fix"):
         out[col] = (out[col] if col in out else pd.Series("", index=out.index)).astype(object)
     for i, r in ranked.iterrows():
-        if bool(r.feasible):
+        if bool(r.feasible) or not len(ok):
             continue
-        other = ok[ok.gpu != r.gpu]
-        same = other[other.strategy == r.strategy]
-        pick = same if len(same) else other
-        if not len(pick):
-            continue
-        b = pick.iloc[0]  # (ranked: the cheapest first)
+        same = ok[(ok.gpu != r.gpu) & (ok.strategy == r.strategy)]
+        b = (same if len(same) else ok).iloc[0]  # (ranked: the cheapest first)
         what = "another GPU" if len(same) else "another option"
         text = f"{what}: {b.strategy} on {int(b.gpus)}x {b.gpu} passes (${float(b.total_usd_per_month):,.0f}/month)"
         old = r.get("fix")
         keep = isinstance(old, str) and old and r.get("miss_constraint") not in ("memory", "not applicable")
-        out.at[i, "fix_gpu"] = str(b.gpu)
+        if len(same):
+            out.at[i, "fix_gpu"] = str(b.gpu)
         out.at[i, "fix"] = text + (f"; or {old}" if keep else "")
     return out
 

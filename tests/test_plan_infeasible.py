@@ -136,7 +136,13 @@ def test_ranking_puts_the_closest_failing_option_first() -> None:
                                           "total_usd_per_month": 9.0, "gpus": 4}])], ignore_index=True)
     ranked = another_gpu(rank(mixed))
     assert list(ranked.strategy) == ["d", "c", "a", "b"]
-    assert (ranked.fix_gpu.iloc[1:] == "y").all() and ranked.fix.iloc[1].startswith("another option: d on 4x y passes")
+    assert ranked.fix.iloc[1].startswith("another option: d on 4x y passes ($9/month)")  # (another strategy)
+    assert not ranked.fix_gpu.iloc[1:].fillna("").astype(bool).any()
+    same = another_gpu(rank(pd.concat([mixed, pd.DataFrame([{"strategy": "c", "gpu": "z", "feasible": True,
+                                                              "passes_quality_floor": True, "total_usd_per_month": 12.0,
+                                                              "gpus": 2}])], ignore_index=True)))
+    c = same[~same.feasible.astype(bool) & (same.strategy == "c")].iloc[0]
+    assert c.fix_gpu == "z" and c.fix.startswith("another GPU: c on 2x z passes ($12/month)")
 
 
 def test_the_rejection_line_needs_more_than_one_percent() -> None:
