@@ -20,6 +20,7 @@ import pandas as pd
 from experiments.plan_cost import parse_cost
 from experiments.plan_day import DaySpec, day_traffic, parse_day
 from experiments.plan_headroom import add_headroom, headroom, headroom_tasks, measure_capacities, measure_ladders
+from experiments.plan_miss import another_gpu
 from experiments.plan_racks import scenario_for
 from experiments.plan_search import pareto, plan_row, rank, search_row
 from experiments.plan_spec import PlanSpec
@@ -280,7 +281,7 @@ def run_search(spec: PlanSpec, jobs: int | None = None, prune: bool = True,
     if len(configs):
         configs["cost_mode"] = spec.cost.mode
         configs["pareto"] = pareto(configs)
-    ranked = rank(pd.DataFrame([f["row"] for f in found]))
+    ranked = another_gpu(rank(pd.DataFrame([f["row"] for f in found])))
     if with_headroom:
         htasks = headroom_tasks(spec, ranked)
         add_headroom(ranked, pmap(headroom, htasks, jobs, "headroom" if label and htasks else ""))

@@ -18,6 +18,7 @@ from plotly.subplots import make_subplots
 
 from experiments.images import write_images
 from experiments.plan_headroom import HEADROOM_TOL, HEADROOM_TOP
+from experiments.plan_miss import rejection_line
 from experiments.report import colour_of, log_axis
 
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
@@ -262,7 +263,8 @@ def ranked_table_html(plan: pd.DataFrame, floor: float) -> str:
         if not bool(r.feasible):
             rows.append(f"<tr class='infeasible'><td>{i + 1}</td><td>{html.escape(str(r.strategy))}</td>"
                         f"<td>{html.escape(str(r.gpu))}</td><td colspan='{len(head) - 3}' class='why'>no rack: "
-                        f"{html.escape(str(r.get('reason', '')))}</td></tr>")
+                        f"{html.escape(_text(r.get('miss_detail')) or str(r.get('reason', '')))}"
+                        f"{' (options with no passing rack, below)' if _text(r.get('miss_detail')) else ''}</td></tr>")
             continue
         nodes = int(r.get("nodes", 0) or 0)
         rack = (f"{int(r.replicas)} x {int(r.gpus_per_replica)} = {int(r.gpus)} GPUs"
@@ -357,6 +359,10 @@ CAPTIONS = {
 }
 
 
+def _any_feasible(df: pd.DataFrame | None) -> bool:
+    return df is not None and len(df) > 0 and "feasible" in df and bool(df.feasible.astype(bool).any())
+
+
 def plan_figures(tables: dict[str, pd.DataFrame], floor: float | None = None) -> list[tuple[str, go.Figure]]:
     """The plan report's figures by section name, from the analyses' tables that are present
     (also exported by `plan --png/--svg`)."""
@@ -366,9 +372,9 @@ def plan_figures(tables: dict[str, pd.DataFrame], floor: float | None = None) ->
         figs.append(("pareto", pareto_chart(configs)))
     if "map" in tables and len(tables["map"]):
         figs.append(("decision-map", decision_map_chart(tables["map"])))
-    if "sensitivity" in tables and len(tables["sensitivity"]):
+    if _any_feasible(tables.get("sensitivity")):
         figs.append(("sensitivity", sensitivity_chart(tables["sensitivity"])))
-    if "curves" in tables and len(tables["curves"]):
+    if _any_feasible(tables.get("curves")):  # (a curve where no point passes has nothing to draw)
         figs.append(("curves", curves_chart(tables["curves"])))
     plan = tables.get("plan")
     if floor is None and "retraining" in tables and "quality_floor_tail" in tables["retraining"] and len(tables["retraining"]):
@@ -382,8 +388,73 @@ def plan_figures(tables: dict[str, pd.DataFrame], floor: float | None = None) ->
     return figs
 
 
+MISS_HEAD = ("strategy", "GPU", "configuration", "closest rack", "binding constraint", "value vs target",
+             "how far it misses", "cheapest change that would pass", "rejected requests")
+
+
+def _miss(r: Any) -> str:
+    """How far a failing option misses: x times its target (a latency), or its share of capacity."""
+    ratio, c = r.get("miss_ratio"), str(r.get("miss_constraint", ""))
+    try:
+        x = float(ratio)
+    except (TypeError, ValueError):
+        return ""
+    if x != x:
+        return ""
+    if c in ("capacity", "stability"):
+        return f"offered {x:.0%} of the rack's capacity"
+    if c == "max_gpus":
+        return f"{x:.2g}x max_gpus"
+    return f"{x:.3g}x the target" + (f" ({x - 1:+.0%})" if x < 10 else "")
+
+
+def _value_vs_target(r: Any) -> str:
+    c = str(r.get("miss_constraint", ""))
+    v, t = r.get("miss_value"), r.get("miss_target")
+    if v is None or t is None or v != v or t != t:
+        return ""
+    if c in ("capacity", "stability"):
+        return f"{float(v):.2f} req/s offered vs {float(t):.2f} req/s capacity"
+    if c == "max_gpus":
+        return f"{int(v)} GPUs vs max_gpus {int(t)}"
+    return f"{_t(v)} vs {_t(t)}"
+
+
+def _text(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
+def no_rack_html(plan: pd.DataFrame) -> str:
+    """The options with no passing rack: each one's closest rack (the largest tried, of its
+    configuration that came closest), the binding constraint, value vs target, how far it misses,
+    the cheapest change that would pass, and its run's rejected requests."""
+    rows = []
+    for _, r in plan[~plan.feasible.astype(bool)].iterrows():
+        has_cfg = r.get("tp") is not None and r.get("tp") == r.get("tp") and r.get("max_num_seqs") == r.get("max_num_seqs")
+        gpus, reps = r.get("closest_gpus"), r.get("closest_replicas")
+        rack = "" if gpus is None or gpus != gpus else (
+            f"{int(reps)} replicas, {int(gpus)} GPUs" if reps is not None and reps == reps else f"{int(gpus)} GPUs")
+        c = _text(r.get("miss_constraint"))
+        detail = _text(r.get("miss_detail")) or _text(r.get("reason"))
+        rej = r.get("rejected_requests")
+        rejected = "" if rej is None or rej != rej or not int(rej) else (
+            f"{int(rej)} of {int(r.get('sent_requests', 0))} ({float(r.get('rejected_share', 0.0)):.0%}): "
+            f"{html.escape(_text(r.get('rejected_reason')))}")
+        cells = [html.escape(str(r.strategy)), html.escape(str(r.gpu)), _config(r) if has_cfg else "", rack,
+                 f"<b>{html.escape(check_label(c))}</b><br><small>{html.escape(detail)}</small>", _value_vs_target(r),
+                 _miss(r), html.escape(_text(r.get("fix"))), rejected]
+        rows.append("<tr>" + "".join(f"<td>{x}</td>" for x in cells) + "</tr>")
+    return ("<div class='wide'><table class='plan norack'><thead><tr>" + "".join(f"<th>{h}</th>" for h in MISS_HEAD)
+            + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>")
+
+
 def verdict_html(spec: Any, plan: pd.DataFrame) -> str:
-    best = plan[plan.feasible.astype(bool) & plan.get("passes_quality_floor", True).astype(bool)]
+    floor = plan["passes_quality_floor"].fillna(False).astype(bool) if "passes_quality_floor" in plan else True
+    best = plan[plan.feasible.astype(bool) & floor]
+    if not plan.feasible.astype(bool).any():
+        return (f"No rack passes: none of the {len(plan)} options meets the SLO within max_gpus = {spec.max_gpus}. "
+                "The table below gives each option's closest rack, what binds there, how far it misses and the "
+                "cheapest change that would pass.")
     if not len(best):
         return "No option meets the SLO and the quality floor within max_gpus."
     r = best.iloc[0]
@@ -407,11 +478,24 @@ STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em aut
 div.wide{overflow-x:auto;max-width:100%} table.plan{border-collapse:collapse;font-size:13px}
 table.plan td,table.plan th{padding:4px 6px;border-bottom:1px solid #ddd;text-align:right;vertical-align:top}
 table.plan th{background:#f4f4f4;text-align:center} table.plan td:nth-child(-n+4){text-align:left}
-table.ranked td:nth-child(4){white-space:nowrap} tr.infeasible td{color:#888} td.why{text-align:left!important}
+table.ranked td:nth-child(4){white-space:nowrap} table.norack td{text-align:left} tr.infeasible td{color:#888} td.why{text-align:left!important}
 table.header{border-collapse:collapse;margin:1em 0} table.header th{text-align:left;padding:2px 12px 2px 0}
 dl#inputs dt{font-weight:bold;float:left;clear:left;width:11em} dl#inputs dd{margin-left:12em}
 p.warn{color:#b00;font-weight:bold} p#verdict{font-size:1.1em;background:#f3f8ff;padding:.6em;border-left:4px solid #1f77b4}
 p.caption{color:#555;font-size:.9em;margin:.2em 0 1.5em}"""
+
+
+RANKED_CAPTION = """<h2>Ranked options</h2>
+<p class="caption">Cheapest first among those meeting the SLO and the quality floor. Latencies are the worst seed's
+percentiles at the plan's traffic; headroom is the highest traffic the same rack still serves within the SLO (found by
+simulation, within {tol:.0f}%, for the {top} best options); the binding constraint is the SLO check nearest its target. Every
+figure is in plan.csv.</p>"""
+
+NO_RACK_CAPTION = ("No rack within max_gpus meets the SLO (every target, on a stable run) for these options. The closest "
+                   "rack is the largest one tried (of the configuration that came closest); it is no answer, so no cost "
+                   "or latency is given. More GPUs are estimated from the capacity per replica where throughput or "
+                   "stability binds (a lower bound); a looser target is the value the closest rack achieves; another GPU "
+                   "is an option of this plan that passes. Every figure is in plan.csv (the miss_* and fix* columns).")
 
 
 def write_plan_report(spec: Any, tables: dict[str, pd.DataFrame], out: str | Path) -> Path:
@@ -421,6 +505,17 @@ def write_plan_report(spec: Any, tables: dict[str, pd.DataFrame], out: str | Pat
     parts = [f'<section id="{n}">' + pio.to_html(f, include_plotlyjs=(i == 0), full_html=False, div_id=f"chart-{n}")
              + f'<p class="caption">{html.escape(CAPTIONS.get(n, ""))}</p></section>' for i, (n, f) in enumerate(figs)]
     plan = tables["plan"]
+    ranked_part = RANKED_CAPTION.format(tol=100 * HEADROOM_TOL, top=HEADROOM_TOP) + ranked_table_html(plan, spec.quality_floor_tail)
+    failing = int((~plan.feasible.astype(bool)).sum())
+    no_rack = ""
+    if failing == len(plan):  # nothing passes: the answer is how close each option came
+        ranked_part = ""
+        no_rack = f'<section id="no-rack"><h2>No rack passes</h2><p class="caption">{NO_RACK_CAPTION}</p>{no_rack_html(plan)}</section>'
+    elif failing:
+        no_rack = (f'<section id="no-rack"><h2>Options with no passing rack ({failing} of {len(plan)})</h2>'
+                   f'<p class="caption">{NO_RACK_CAPTION}</p>{no_rack_html(plan)}</section>')
+    line = rejection_line(plan)
+    rejected = f'<p class="warn" id="rejected">{html.escape(line)}</p>' if line else ""
     configs_part = ""
     if configs is not None and len(configs):
         configs_part = (f"<details><summary><b>Configurations searched ({len(configs)})</b></summary><p>"
@@ -432,12 +527,9 @@ def write_plan_report(spec: Any, tables: dict[str, pd.DataFrame], out: str | Pat
 <h1>specrack plan: {html.escape(spec.name)}</h1>
 {header_html(spec)}
 <p id="verdict">{verdict_html(spec, plan)}</p>
-<h2>Ranked options</h2>
-<p class="caption">Cheapest first among those meeting the SLO and the quality floor. Latencies are the worst seed's
-percentiles at the plan's traffic; headroom is the highest traffic the same rack still serves within the SLO (found by
-simulation, within {100 * HEADROOM_TOL:.0f}%, for the {HEADROOM_TOP} best options); the binding constraint is the SLO check nearest its target. Every
-figure is in plan.csv.</p>
-{ranked_table_html(plan, spec.quality_floor_tail)}
+{rejected}
+{ranked_part}
+{no_rack}
 {configs_part}
 <h2>Analyses</h2>
 {''.join(parts)}

@@ -27,6 +27,13 @@ from typing import Any
 import pandas as pd
 
 from experiments.plan_cost import HOURS_PER_MONTH, monthly_cost
+from experiments.plan_miss import (
+    closest_columns,
+    not_applicable_columns,
+    pruned_columns,
+    rack_rules_columns,
+    rejection_columns,
+)
 from experiments.plan_racks import config_of, configured, scenario_for
 from experiments.plan_spec import PlanSpec
 from experiments.plan_store import capacity_of, ladder_of, summary
@@ -191,9 +198,10 @@ def min_rack(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], ra
     per = gpus_per_replica(scenario_for(base, s, gpu, prices, 1, rate, traffic=traffic))
     max_rep = max_gpus // per
     if max_rep < 1:
-        return {"feasible": False, "reason": f"one replica needs {per} GPUs > max_gpus {max_gpus}"}
+        return {"feasible": False, "reason": f"one replica needs {per} GPUs > max_gpus {max_gpus}", "needs_gpus": per}
     if floor > max_rep:
-        return {"feasible": False, "reason": f"the rack rules need >= {floor} replicas = {floor * per} GPUs > max_gpus {max_gpus}"}
+        return {"feasible": False, "reason": f"the rack rules need >= {floor} replicas = {floor * per} GPUs > max_gpus {max_gpus}",
+                "needs_gpus": floor * per}
     cache: dict[int, dict[str, Any]] = {}
 
     def ok(r: int) -> bool:
@@ -205,9 +213,9 @@ def min_rack(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float], ra
     lo, hi = floor - 1, max(floor, min(start, max_rep))  # lo fails (or is not allowed), hi to be tested
     while not ok(hi):
         lo = hi
-        if hi == max_rep:
+        if hi == max_rep:  # (the largest rack allowed: the closest to passing)
             return {"feasible": False, "reason": f"SLO not met even with {max_rep * per} GPUs (max_gpus)",
-                    "evaluations": len(cache)}
+                    "evaluations": len(cache), "closest": cache[hi], "closest_replicas": hi, "gpus_per_replica": per}
         hi = min(max_rep, hi * 2)
     # hi passes; a good start is the minimum, so try one fewer before bisecting down
     if lo < hi - 1 and ok(hi - 1):
@@ -238,9 +246,12 @@ def replica_bounds(spec: PlanSpec, cap_rps: float, rate: float) -> tuple[int, in
 
 
 def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
-             teacher_updates: float | None = None, *, cap_rps: float | None = None) -> dict[str, Any]:
+             teacher_updates: float | None = None, *, cap_rps: float | None = None,
+             explain: bool = False) -> dict[str, Any]:
     """The planning answer for one strategy (one configuration) on one GPU type at one traffic
-    rate, keeping the plan's rack rules (min_replicas, max_utilisation, n+1, whole nodes)."""
+    rate, keeping the plan's rack rules (min_replicas, max_utilisation, n+1, whole nodes). With
+    `explain`, a row with no passing rack keeps what `explained` needs to tell its closest rack,
+    what binds there, how far it misses and the cheapest change (under the key '_explain')."""
     tu = spec.teacher_updates_per_month if teacher_updates is None else teacher_updates
     engine = resolve(str(s.overrides.get("deployment.engine", spec.base.deployment.engine)))
     row: dict[str, Any] = {"strategy": s.name, "gpu": gpu, "engine_profile": engine, "rate_rps": rate}
@@ -268,6 +279,8 @@ def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
     row.update(feasible=r["feasible"], evaluations=r.get("evaluations", 0))
     if not r["feasible"]:
         row["reason"] = r["reason"] + (" (one replica kept for n+1)" if extra else "")
+        if explain:
+            row["_explain"] = (r, per, cap_rps, extra, tu)
         return row
     sm, replicas = r["summary"], r["replicas"]
     row["minimal_replicas"] = replicas
@@ -306,7 +319,28 @@ def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
     mtok = sm["throughput_tok_s"] * HOURS_PER_MONTH * 3600.0 / 1e6  # output tokens served per month at this rate
     row["usd_per_mtok_at_slo"] = row["total_usd_per_month"] / mtok if mtok > 0 else float("nan")
     row["passes_quality_floor"] = bool(sm["quality_tail"] >= spec.quality_floor_tail)
+    row.update(rejection_columns(sm, one))
     return row
+
+
+def explained(spec: PlanSpec, s: Strategy, gpu: str, rate: float, one: Scenario,
+              ctx: tuple[dict[str, Any], int, float, int, float]) -> dict[str, Any]:
+    """The miss columns (`plan_miss`) of a configuration `plan_row(explain=True)` found no rack
+    for (`ctx`: its '_explain'), with the closest rack's rejected requests; the closest rack (the
+    largest tried) is rerun in full when its run stopped early, for its figures."""
+    r, per, cap_rps, extra, tu = ctx
+    if "closest" not in r:  # one replica, or the rack rules' floor, needs more GPUs than max_gpus
+        return rack_rules_columns(r["reason"], int(r["needs_gpus"]) + extra * per, spec.max_gpus)
+    ev, reps = r["closest"], int(r["closest_replicas"])
+    sm = ev.get("summary")
+    if sm is not None and ("stopped_early" in sm or any(c["value"] != c["value"] for c in sm["slo"].values())):
+        sc = scenario_for(spec.base, s, gpu, spec.prices, reps, rate, tu, traffic=spec.traffic)
+        ev = evaluate(sc, spec.seeds, spec.points, reps * cap_rps, stop_on_fail=False)
+    out = closest_columns(ev, rate=rate, cap_rps=cap_rps, per=per, replicas=reps, extra=extra,
+                          max_gpus=spec.max_gpus)
+    if ev.get("summary") is not None:
+        out.update(rejection_columns(ev["summary"], one))
+    return out
 
 
 def grid(spec: PlanSpec, s: Strategy, gpu: str, rate: float) -> list[dict[str, int | None]]:
@@ -386,11 +420,13 @@ def search_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, prune: bool =
                         **({"capacity_bound_rps": lad.rps} if lad.upper_bound else {"capacity_per_replica_rps": lad.rps}))
         why = _pruned(spec, lb, per, lad.rps, lad.upper_bound, rate, lb_usd, math.inf)
         if why:
-            configs.append({**base_row, "status": "pruned", "reason": why})
+            configs.append({**base_row, "status": "pruned", "reason": why,
+                            **_pruned_miss(spec, lb, per, lad.rps, lad.upper_bound, rate)})
             continue
         cands.append((lb_usd, per, len(cands), lb, sc_s, one, lad, base_row))
     cands.sort(key=lambda c: c[:3])
     best: dict[str, Any] | None = None
+    failed: list[tuple[int, Strategy, Scenario, tuple[Any, ...]]] = []  # (configs' index, ..., '_explain')
     for lb_usd, per, _, lb, sc_s, one, lad, base_row in cands:  # (each with its own lower bound)
         best_usd = (best["serving_usd_per_month"] + best["power_usd_per_month"]) if best else math.inf
         cap = lad.rps
@@ -401,27 +437,64 @@ def search_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, prune: bool =
             base_row.update(capacity_per_replica_rps=cap, lower_bound_replicas=lb, lower_bound_usd_per_month=lb_usd)
             why = _pruned(spec, lb, per, cap, False, rate, lb_usd, best_usd if prune else math.inf)
         if why:
-            configs.append({**base_row, "status": "pruned", "reason": why})
+            configs.append({**base_row, "status": "pruned", "reason": why,
+                            **_pruned_miss(spec, lb, per, cap, lad.upper_bound and cap == lad.rps, rate)})
             continue
-        row = plan_row(spec, sc_s, gpu, rate, cap_rps=cap)
+        row = plan_row(spec, sc_s, gpu, rate, cap_rps=cap, explain=True)
+        ctx = row.pop("_explain", None)
         ok = bool(row["feasible"])
+        if ctx is not None:
+            failed.append((len(configs), sc_s, one, ctx))
         configs.append({**base_row, **row, "status": "passes" if ok else "fails"})
         if ok and (best is None or _cost_key(row) < _cost_key(best)):
             best = row
     if best is None:
-        sim = [c for c in configs if c["status"] == "fails"]
-        first = (sim or configs)[0] if (sim or configs) else {"reason": "no configuration"}
-        best = {"strategy": s.name, "gpu": gpu, "rate_rps": rate, "feasible": False,
-                "engine_profile": resolve(str(s.overrides.get("deployment.engine", spec.base.deployment.engine))),
-                "reason": ("" if sim else "not applicable: " if all(c["status"] == "not applicable" for c in configs)
-                           else "") + str(first.get("reason", "")) + (f" (best of {len(configs)} configurations)"
-                                                                       if len(configs) > 1 else ""),
-                "evaluations": sum(int(c.get("evaluations", 0) or 0) for c in configs)}
+        best = _no_rack(spec, s, gpu, rate, configs, failed)
     else:
         best = {**best, "configurations_searched": len(configs),
                 "configurations_simulated": sum(c["status"] in ("passes", "fails") for c in configs),
                 "evaluations": sum(int(c.get("evaluations", 0) or 0) for c in configs)}
     return {"row": best, "configs": configs}
+
+
+def _pruned_miss(spec: PlanSpec, lb: int, per: int, cap: float, bound: bool, rate: float) -> dict[str, Any]:
+    """The miss columns of a configuration pruned because its lower bound exceeds max_gpus
+    (none for one pruned on cost)."""
+    if lb * per <= spec.max_gpus:
+        return {}
+    return pruned_columns(rate=rate, cap_rps=cap, per=per, lb=lb, max_gpus=spec.max_gpus, bound=bound)
+
+
+# the row of a strategy on a GPU type with no passing configuration: what the configuration
+# closest to passing gives, never its cost or latencies (nothing there is usable)
+NO_RACK_KEYS = ("tp", "max_num_batched_tokens", "max_num_seqs", "k", "gpus_per_replica", "capacity_per_replica_rps",
+                "capacity_bound_rps", "rejected_requests", "sent_requests", "rejected_share", "rejected_reason")
+
+
+def _no_rack(spec: PlanSpec, s: Strategy, gpu: str, rate: float, configs: list[dict[str, Any]],
+             failed: list[tuple[int, Strategy, Scenario, tuple[Any, ...]]]) -> dict[str, Any]:
+    """The row of a strategy on a GPU type none of whose configurations passes: the one closest to
+    passing (the smallest miss_ratio; every simulated one explained, `explained`), what binds
+    there, how far it misses and the cheapest change."""
+    for i, sc_s, one, ctx in failed:
+        configs[i].update(explained(spec, sc_s, gpu, rate, one, ctx))
+    for c in configs:
+        if c["status"] == "not applicable":
+            c.update(not_applicable_columns(str(c.get("reason", ""))))
+    ranked = sorted(configs, key=lambda c: (c.get("miss_ratio") is None or c["miss_ratio"] != c["miss_ratio"],
+                                            c.get("miss_ratio") or 0.0, c["status"] != "fails"))
+    near = ranked[0] if ranked else {"reason": "no configuration"}
+    applicable = any(c["status"] != "not applicable" for c in configs)
+    row = {"strategy": s.name, "gpu": gpu, "rate_rps": rate, "feasible": False,
+           "engine_profile": resolve(str(s.overrides.get("deployment.engine", spec.base.deployment.engine))),
+           "reason": ("" if applicable else "not applicable: ") + str(near.get("reason", ""))
+           + (f" (the closest of {len(configs)} configurations)" if len(configs) > 1 else ""),
+           "evaluations": sum(int(c.get("evaluations", 0) or 0) for c in configs),
+           "configurations_searched": len(configs),
+           "configurations_simulated": sum(c["status"] in ("passes", "fails") for c in configs)}
+    row.update({k: near[k] for k in NO_RACK_KEYS if k in near})
+    row.update({k: v for k, v in near.items() if k.startswith(("closest_", "miss_", "fix"))})
+    return row
 
 
 def _cost_key(row: dict[str, Any]) -> tuple[float, int, int, int, int, int]:
@@ -446,7 +519,11 @@ def pareto(configs: pd.DataFrame) -> pd.Series:
 
 
 def rank(df: pd.DataFrame) -> pd.DataFrame:
-    if df.empty or "total_usd_per_month" not in df:
+    """Passing options cheapest first (those below the quality floor after those above), then
+    the options with no passing rack, the closest to passing (smallest miss_ratio) first."""
+    if df.empty or "feasible" not in df:
         return df
-    key = (~df.feasible.astype(bool)).astype(int) * 2 + (~df.get("passes_quality_floor", True).fillna(False).astype(bool)).astype(int)
-    return df.assign(_k=key).sort_values(["_k", "total_usd_per_month"]).drop(columns="_k").reset_index(drop=True)
+    floor = df["passes_quality_floor"].fillna(False).astype(bool) if "passes_quality_floor" in df else True
+    key = (~df.feasible.astype(bool)).astype(int) * 2 + (~pd.Series(floor, index=df.index)).astype(int)
+    by = ["_k"] + [c for c in ("total_usd_per_month", "miss_ratio") if c in df]
+    return df.assign(_k=key).sort_values(by, kind="stable").drop(columns="_k").reset_index(drop=True)

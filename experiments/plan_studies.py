@@ -160,12 +160,12 @@ def winners(cells: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (u, a), g in cells.groupby(["utilisation", "acceptance"]):
         ok = g[g.feasible.astype(bool) & g.passes_quality_floor.fillna(False).astype(bool)]
-        ok = ok.sort_values(["total_usd_per_month", "gpus", "strategy"])
         row: dict[str, Any] = {"utilisation": u, "acceptance": a, "rate_rps": float(g.rate_rps.iloc[0])}
-        if ok.empty:
+        if ok.empty:  # (a map where nothing passes has no cost column at all)
             out.append({**row, "winner": "none", "margin": float("nan"), "rack": "", "total_usd_per_month": float("nan"),
                         "runner_up": ""})
             continue
+        ok = ok.sort_values(["total_usd_per_month", "gpus", "strategy"])
         best = ok.iloc[0]
         second = ok.iloc[1] if len(ok) > 1 else None
         out.append({**row, "winner": best.strategy, "rack": f"{int(best.gpus)}x {best.gpu}",
@@ -192,7 +192,8 @@ def sensitivity(spec: PlanSpec, answer: pd.DataFrame, curves: pd.DataFrame | Non
 
 def _sensitivity_options(answer: pd.DataFrame) -> pd.DataFrame:
     """The winner and the runner-up: the two cheapest passing options that keep the quality floor."""
-    return answer[answer.feasible.astype(bool) & answer.get("passes_quality_floor", True).astype(bool)].head(2)
+    floor = answer["passes_quality_floor"].fillna(False).astype(bool) if "passes_quality_floor" in answer else True
+    return answer[answer.feasible.astype(bool) & floor].head(2)
 
 
 def sensitivity_tasks(spec: PlanSpec, answer: pd.DataFrame) -> list[tuple[Any, ...]]:

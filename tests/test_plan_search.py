@@ -131,7 +131,7 @@ def test_each_configuration_is_checked_on_its_own_lower_bound(h200: PlanSpec, mo
     spec = dataclasses.replace(h200, search=dataclasses.replace(h200.search, tp=(4, 2)), max_gpus=8)
     simulated: list[int] = []
 
-    def plan_row(spec, s, gpu, rate, cap_rps=None):  # type: ignore[no-untyped-def]
+    def plan_row(spec, s, gpu, rate, cap_rps=None, explain=False):  # type: ignore[no-untyped-def]
         simulated.append(int(s.overrides["deployment.tensor_parallel"]))
         return {"feasible": False, "reason": "not simulated here", "evaluations": 0}
 

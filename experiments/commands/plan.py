@@ -16,6 +16,7 @@ from experiments.commands.common import image_flags
 from experiments.images import image_formats
 from experiments.plan import load_plan, run_tables
 from experiments.plan_day import print_day, run_day
+from experiments.plan_miss import rejection_line
 from experiments.plan_report import plan_images, write_plan_report
 from experiments.plan_spec import PlanSpec
 from experiments.plan_store import clean, count
@@ -86,6 +87,7 @@ def main_plan(a: Any) -> int:
     print(f"simulations and capacity measurements: {count(points) - kept} run now, {kept} reused from {points}",
           file=sys.stderr)
     print_ranked(tables["plan"], spec)
+    print_outcome(tables["plan"], spec, out)
     if spec.day is not None:  # the day on an autoscaled fleet, next to the fixed rack sized for its peak
         print_day(spec.day, run_day(spec, tables["plan"], out)[0])
     print(f"wrote {out / 'plan.csv'}, {out / 'configs.csv'}, {report}")
@@ -101,6 +103,11 @@ def print_ranked(df: pd.DataFrame, spec: PlanSpec | None = None) -> None:
         print(f"model {b.deployment.model} ({b.deployment.weights} weights, {b.deployment.kv_cache} KV), engine "
               f"{b.deployment.engine}, base rack {b.rack.num_gpus}x {b.rack.gpu} TP{b.deployment.tensor_parallel}, traffic "
               f"{spec.rate_rps:.2f} req/s; cost mode {spec.cost.mode}; {spec.search.rules()}")
+    if "feasible" in df and not df.feasible.astype(bool).any():  # nothing passes: how close each option came
+        print(f"{'rank':>4} {'strategy':<20} {'gpu':<9}  closest rack: what binds, how far it misses; the cheapest change")
+        for i, r in df.iterrows():
+            print(f"{i + 1:>4} {r.strategy:<20} {r.gpu:<9}  no rack: {no_rack_text(r)}")
+        return
     checks = [c.removeprefix("slo_").removesuffix("_value") for c in df.columns if c.startswith("slo_") and c.endswith("_value")]
     heads = [f"{c.split('_')[0].upper()} {c.split('_')[1]}" for c in checks]
     print(f"{'rank':>4} {'strategy':<20} {'gpu':<9} {'TP':>2} {'MBT':>5} {'seqs':>4} {'k':>2} {'reps':>4} {'GPUs':>5} "
@@ -109,7 +116,7 @@ def print_ranked(df: pd.DataFrame, spec: PlanSpec | None = None) -> None:
           "  binding")
     for i, r in df.iterrows():
         if not r.feasible:
-            print(f"{i + 1:>4} {r.strategy:<20} {r.gpu:<9}  infeasible: {r.get('reason', '')}")
+            print(f"{i + 1:>4} {r.strategy:<20} {r.gpu:<9}  no rack: {no_rack_text(r)}")
             continue
         vals = " ".join(f"{_fmt_s(r[f'slo_{c}_value']):>9}" for c in checks)
         b = r.get("binding_slo")
@@ -122,6 +129,29 @@ def print_ranked(df: pd.DataFrame, spec: PlanSpec | None = None) -> None:
               f"{r.serving_usd_per_month:>12,.0f} {r.power_usd_per_month:>10,.0f} {r.total_usd_per_month:>12,.0f} "
               f"{r.usd_per_mtok_at_slo:>7.2f} {r.quality_tail:>6.3f} {hr:>7}  {'pass' if r.passes_quality_floor else 'FAIL'}"
               f"   {binding}")
+
+
+def no_rack_text(r: pd.Series) -> str:
+    """An option with no passing rack on one line: its closest rack, what binds there and how far
+    it misses, the cheapest change (plan_miss's columns); its reason alone where they are absent."""
+    detail, fix = r.get("miss_detail"), r.get("fix")
+    if not isinstance(detail, str) or not detail:
+        return str(r.get("reason", ""))
+    gpus = r.get("closest_gpus")
+    where = f"closest rack {int(gpus)} GPUs: " if gpus is not None and gpus == gpus else ""
+    return f"{where}{detail}" + (f"; change: {fix}" if isinstance(fix, str) and fix else "")
+
+
+def print_outcome(df: pd.DataFrame, spec: PlanSpec, out: Path) -> None:
+    """After the ranked table: one line when no option passes, and one when a run rejects more
+    than 1% of its requests."""
+    if "feasible" in df and not df.feasible.astype(bool).any():
+        print(f"no rack passes: none of the {len(df)} options meets the SLO within max_gpus = {spec.max_gpus}; each "
+              f"one's closest rack, what binds and the cheapest change are above, in {out / 'plan.csv'} (miss_* and fix* "
+              f"columns) and in {out / 'report.html'} ('No rack passes')")
+    line = rejection_line(df)
+    if line:
+        print(f"specrack: WARNING: {line}", file=sys.stderr)
 
 
 def _fmt_s(v: float) -> str:
