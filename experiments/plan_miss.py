@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.deployment import MAX_MODEL_LEN, build_runtime
+from sim.deployment import build_runtime, rejection_reason
 from sim.scenario import Scenario
 
 REJECTED_WARN = 0.01  # a plan says so in one line when a run rejects more than this share of its requests
@@ -182,11 +182,9 @@ def rejection_columns(sm: dict[str, Any], one: Scenario) -> dict[str, Any]:
     done = float(sm.get("benchmark", {}).get("completed", sm.get("completed_requests", 0)) or 0)
     sent = n + int(done)
     out: dict[str, Any] = {"rejected_requests": n, "sent_requests": sent, "rejected_share": n / sent if sent else 0.0,
-                           "rejected_reason": ""}
-    if n:
-        limit = build_runtime(one).max_model_len
-        why = "the model's context" if limit >= MAX_MODEL_LEN else "the KV cache of one replica"
-        out["rejected_reason"] = f"prompt + output longer than max_model_len = {limit} tokens ({why})"
+                           "rejected_reason": str(sm.get("rejected_reason", "") or "")}
+    if n and not out["rejected_reason"]:  # a summary stored before the run gave its reason
+        out["rejected_reason"] = rejection_reason(build_runtime(one))
     return out
 
 

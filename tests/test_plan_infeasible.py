@@ -106,7 +106,7 @@ def test_rejected_requests_are_counted_and_said(tmp_path: Path, capsys: pytest.C
     r = plan.iloc[0]
     assert r.feasible and r.rejected_requests > 0 and 0.02 < r.rejected_share < 0.09
     assert r.sent_requests > r.rejected_requests
-    assert "max_model_len = 131072" in r.rejected_reason
+    assert "max_model_len = 131,072 tokens" in r.rejected_reason
     [line] = [ln for ln in err.splitlines() if "rejected in the run" in ln]
     assert line.startswith(f"specrack: WARNING: {int(r.rejected_requests)} of {int(r.sent_requests)} requests (")
     assert "max_model_len" in line and "cap the lengths" in line
