@@ -12,6 +12,7 @@ smallest (its docstring tells how), `plan_headroom` measures capacity ladders an
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -299,6 +300,12 @@ def run_tables(spec: PlanSpec, jobs: int | None = None, analyses: bool = True) -
     label = f"search ({len(spec.strategies) * len(spec.gpus)} strategy x GPU)"
     answer, configs = run_search(spec, jobs, label=label, with_headroom=not analyses)
     tables = {"plan": answer, "configs": configs}
+    if analyses and "feasible" in answer and not answer.feasible.astype(bool).any():
+        # nothing passes: every analysis compares passing racks, so each would come back empty
+        if spec.progress:
+            print("analyses skipped: no option has a passing rack (each one's miss and fix are in the plan table)",
+                  file=sys.stderr)
+        analyses = False
     if analyses:
         # the headroom and every analysis in one pool, the longest tasks first: no worker idles
         # at the end of one analysis while another's tasks wait
