@@ -528,6 +528,9 @@ def test_unknown_key_in_a_variant_table_is_an_error(tmp_path: Path, capsys: pyte
     assert err.startswith("specrack: error: ") and "sett" in err and err.count("\n") == 1
 
 
+REJUDGED = {"verdict", "verdict_reason", "stable", "slo_met", "judged_utilisation"}
+
+
 def test_point_rows_round_trip_through_json(small: dict[str, Any]) -> None:
     """Each point file holds exactly its table row (what a resumed sweep reads back)."""
     df = small["df"]
@@ -537,6 +540,8 @@ def test_point_rows_round_trip_through_json(small: dict[str, Any]) -> None:
         assert len(match) == 1
         got = match.iloc[0]
         for k, v in row.items():
+            if k in REJUDGED:  # judged again against the variant's capacity once it is measured
+                continue
             if isinstance(v, float) and np.isnan(v):
                 assert np.isnan(got[k]), k
             else:
