@@ -70,22 +70,24 @@ class RunOutput:
 
 
 def fixed_set_window(sent: np.ndarray, completion: np.ndarray | None, warmup_s: float,
-                     horizon_s: float = math.inf) -> tuple[float, float]:
+                     horizon_s: float = math.inf, frontend_s: float = 0.0) -> tuple[float, float]:
     """The metric window [start, end) of a run of a fixed set of requests (`num_requests`, a
     trace replayed to its end, a closed loop that sent them all), from the send times of its
-    requests (`sent`, NaN for never sent) and their completions: [warmup_s, last send], the last
-    send included (`end` is the next float after it). A burst (every request sent at one instant,
-    as benchmark tools send) has no arrival process to warm up through or to time: its window
-    runs from that instant (or warmup_s, if earlier) over its whole drain, to the last completion
-    included (to `horizon_s` when some request never completed; just past the instant before the
-    run, `completion` None)."""
+    requests (`sent`, NaN for never sent) and their completions: from warmup_s until the last
+    request reaches the engine's queue (its send plus the frontend's latency, `frontend_s`),
+    included (`end` is the next float after it), so the last send counts. (A fused run of steps
+    never straddles that instant, an event of the run: step metrics stay exact.) A burst (every
+    request sent at one instant, as benchmark tools send) has no arrival process to warm up
+    through or to time: its window runs from that instant (or warmup_s, if earlier) over its
+    whole drain, to the last completion included (to `horizon_s` when some request never
+    completed; just past its queueing before the run, `completion` None)."""
     t = sent[~np.isnan(sent)]
     if t.size == 0:
         return warmup_s, warmup_s
     first, last = float(t.min()), float(t.max())
     if last > first:
-        return warmup_s, float(np.nextafter(last, math.inf))
-    end = first
+        return warmup_s, float(np.nextafter(last + frontend_s, math.inf))
+    end = first + frontend_s
     if completion is not None:
         done = completion[~np.isnan(completion)]
         end = float(done.max()) if 0 < done.size == t.size else horizon_s

@@ -179,7 +179,7 @@ def simulate(sc: Scenario, seed: int | None = None, *, capacity: RunCapacity | N
         fixed = bool(table.attrs.get("runs_out"))
         times = table.arrival_s.to_numpy(np.float64)
         if fixed:
-            start_s, end_s = fixed_set_window(times, None, wl.warmup_s)
+            start_s, end_s = fixed_set_window(times, None, wl.warmup_s, frontend_s=rt.cost.eff.frontend_s)
         else:
             end_s = wl.duration_s
         if rate is None and wl.replays_trace:  # the trace's own rate over its span (inf: a burst)
@@ -198,7 +198,7 @@ def simulate(sc: Scenario, seed: int | None = None, *, capacity: RunCapacity | N
         if fixed:  # what was sent (a gated send lags its arrival), the drain of a burst
             start_s, end_s = fixed_set_window(out.requests.arrival_s.to_numpy(np.float64),
                                               out.requests.completion_s.to_numpy(np.float64), wl.warmup_s,
-                                              out.horizon_s)
+                                              out.horizon_s, rt.cost.eff.frontend_s)
     # collect
     early = out.stopped_early
     if early is not None:  # stopped once its SLO was certain to fail: figures over the part simulated
@@ -355,12 +355,13 @@ def run_closed(sc: Scenario, rt: ReplicaRuntime, seed: int, *, progress: bool = 
     """A closed loop (`arrival = "closed"`): its `RunOutput`, with the window (`window_start_s`,
     `window_end_s`).
 
-    Sized by `num_requests`, the clients send them all and the window ends at the last send,
-    included (after it the population shrinks); when they all went at t = 0 (N clients, at most N
-    requests), over their drain (`sim.run.fixed_set_window`). Sized by `duration_s`, the clients send until duration_s from a
-    pool of requests big enough never to run dry (checked: a pool that ran dry is doubled and the
-    run repeated, so the result does not depend on the first guess), the requests in flight then
-    complete, and the window ends at duration_s; requests never sent are not in the table. A
+    Sized by `num_requests`, the clients send them all and the window ends as the last send
+    reaches the engine, included (after it the population shrinks); when they all went at t = 0 (N clients, at most N
+    requests), over their drain (`sim.run.fixed_set_window`). Sized by `duration_s`, the clients
+    send until duration_s from a pool of requests big enough never to run dry (checked: a pool
+    that ran dry is doubled and the run repeated, so the result does not depend on the first
+    guess), the requests in flight then complete, and the window ends at duration_s; requests
+    never sent are not in the table. A
     trace sends each of its requests once, in order: one that runs out ends the window early, at
     its last send (included)."""
     wl = sc.workload
@@ -386,7 +387,7 @@ def run_closed(sc: Scenario, rt: ReplicaRuntime, seed: int, *, progress: bool = 
         return dataclasses.replace(out, requests=req, rejected=skipped, window_end_s=end_s,
                                    rejected_reason=rejection_reason(rt) if skipped else "")
     start_s, end_s = fixed_set_window(req.arrival_s.to_numpy(np.float64), req.completion_s.to_numpy(np.float64),
-                                      wl.warmup_s, out.horizon_s)
+                                      wl.warmup_s, out.horizon_s, rt.cost.eff.frontend_s)
     return dataclasses.replace(out, window_start_s=start_s, window_end_s=end_s)
 
 

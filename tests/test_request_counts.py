@@ -106,7 +106,8 @@ def test_trace_run_ends_with_its_last_request(tmp_path, capsys, time_limit, dura
         out, s = _run(tmp_path, capsys, "workload.arrival=trace", f"workload.trace={trace}", "workload.warmup_s=0",
                       f"workload.duration_s={duration}")
     assert "8/8 requests" in out and " 0.00 req/s offered" not in out
-    assert s["window_end_s"] == pytest.approx(7.0) and s["offered_rate_rps"] == pytest.approx(1.0)
+    assert 7.0 < s["window_end_s"] < 7.1  # the last arrival reaches the engine's queue after the frontend's ~50 ms
+    assert s["offered_rate_rps"] == pytest.approx(1.0)
     assert s["horizon_s"] < 60
 
 
