@@ -37,6 +37,18 @@ def scenario_for(base: Scenario, s: Strategy, gpu: str, prices: dict[str, float]
     return sc.with_overrides(over)
 
 
+def on_base_rack(base: Scenario, s: Strategy) -> Scenario:
+    """The strategy on the base scenario's rack: its GPUs, or with a dedicated draft the replicas
+    the base rack's GPUs hold at the strategy's tensor parallelism, each with its draft GPUs added
+    (speculation off, `sim.capacity.baseline_of`, is the base rack again)."""
+    sc = base.with_overrides({**s.overrides, "rack.num_gpus": 4096, "rack.allow_idle_gpus": True})
+    if sc.speculative is None or sc.speculative.placement != "dedicated":
+        return base.with_overrides(s.overrides)
+    replicas = base.rack.num_gpus // sc.deployment.tensor_parallel
+    return sc.with_overrides({"rack.num_gpus": replicas * gpus_per_replica(sc),
+                              "rack.allow_idle_gpus": base.rack.allow_idle_gpus})
+
+
 def configured(s: Strategy, base: Scenario, cfg: dict[str, int | None]) -> Strategy:
     """The strategy with a configuration applied: tp, max_num_batched_tokens, max_num_seqs, k
     (None keeps the strategy's own)."""

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.plan_cost import monthly_cost
-from experiments.plan_racks import at_rate, configured, row_config, scenario_for
+from experiments.plan_racks import at_rate, configured, on_base_rack, row_config, scenario_for
 from experiments.plan_search import one_replica, plan_row
 from experiments.plan_spec import PlanSpec
 from experiments.plan_store import capacity_of, summary
@@ -268,7 +268,7 @@ def shift_tasks(spec: PlanSpec) -> list[tuple[Any, ...]]:
     runnable = []  # strategies that run on the base rack's GPU
     for s in spec.strategies:
         try:
-            base.with_overrides(s.overrides)
+            on_base_rack(base, s)
             runnable.append(s)
         except ConfigError:
             continue
@@ -296,7 +296,7 @@ def shift_table(found: list[dict[str, Any]]) -> pd.DataFrame:
 
 def shift_cell(base: Scenario, s: Strategy, classes: list[dict[str, Any]], rate: float, seeds: tuple[int, ...],
                 share: float, traffic: Traffic | None = None, points: str | None = None) -> dict[str, Any]:
-    sc = base.with_overrides({**s.overrides, "workload.classes": classes, **at_rate(traffic, rate)})
+    sc = on_base_rack(base, s).with_overrides({"workload.classes": classes, **at_rate(traffic, rate)})
     sums = [summary(sc, seed, points) for seed in seeds]
     return {"strategy": s.name, "tail_share": share, "tpot_mean_s": float(np.mean([x["tpot_s"]["mean"] for x in sums])),
             "acceptance_rate": _nanmean([x["acceptance_rate"] for x in sums])}

@@ -100,8 +100,16 @@ class Capacity:
 
 
 def baseline_of(sc: Scenario) -> Scenario:
-    """The same deployment with speculation off: what `utilisation` is relative to."""
-    return sc.with_overrides({"speculative": None}) if sc.speculative else sc
+    """The same deployment with speculation off, on as many replicas: what `utilisation` is
+    relative to. A dedicated draft's GPUs are left out of the rack (each replica keeps its
+    tensor-parallel GPUs), so any whole number of (TP + draft GPUs) replicas has its reference."""
+    spec = sc.speculative
+    if spec is None:
+        return sc
+    over: dict[str, object] = {"speculative": None}
+    if spec.placement == "dedicated":
+        over["rack.num_gpus"] = sc.rack.num_gpus // gpus_per_replica(sc) * sc.deployment.tensor_parallel
+    return sc.with_overrides(over)
 
 
 def closed_loop_throughput(sc: Scenario, concurrency: int, seed: int, completions: int | None = None,

@@ -307,9 +307,11 @@ def check_scenario(sc: ScenarioSpec) -> None:
     idle = sc.rack.num_gpus % per_replica
     if idle and not sc.rack.allow_idle_gpus:
         lo, hi = sc.rack.num_gpus - idle, sc.rack.num_gpus - idle + per_replica
+        draft_gpus = per_replica - dep.tensor_parallel
+        parts = f" (tensor_parallel={dep.tensor_parallel} + {draft_gpus} dedicated draft GPU(s))" if draft_gpus else ""
         raise ValueError(
-            f"rack.num_gpus={sc.rack.num_gpus} is not a multiple of the {per_replica} GPUs per replica: {idle} GPU(s) "
-            f"would sit idle and still be billed; use num_gpus = {lo} or {hi}, or set rack.allow_idle_gpus = true"
+            f"rack.num_gpus={sc.rack.num_gpus} is not a multiple of the {per_replica} GPUs per replica{parts}: {idle} "
+            f"GPU(s) would sit idle and still be billed; use num_gpus = {lo} or {hi}, or set rack.allow_idle_gpus = true"
         )
     prof = sc.workload.rate_profile
     if prof is not None and getattr(prof, "file", None):  # a CSV profile: read (and checked) at validation

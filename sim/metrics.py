@@ -654,18 +654,28 @@ def prefix_cache_metrics(req: pd.DataFrame, lat: pd.DataFrame) -> dict[str, Any]
     """Prefix caching over the measured requests that were admitted (docs/METRICS.md, 'Prefix
     caching'): the token hit rate (prompt tokens found cached at the first admission / prompt
     tokens, what a trace's hash arithmetic counts), the share of requests that hit, the prefill
-    tokens saved and computed (all admissions, re-admissions after preemption included), and TTFT
-    split by hit (some prompt tokens cached) and miss."""
+    tokens saved at first admission and computed (all admissions), the prefill redone after
+    preemptions (what the re-admissions prefilled beyond the prompt's first prefill, and how much
+    of it the cache served again), the requests preempted, and TTFT split by hit (some prompt
+    tokens cached) and miss."""
     admitted = req.prefill_tokens.to_numpy() > 0
-    cached = req.cached_tokens.to_numpy(np.float64)[admitted]
-    prompt = float(req.prompt_tokens.to_numpy(np.float64)[admitted].sum())
+    cached = req.cached_tokens.to_numpy(np.int64)[admitted]
+    prompt = req.prompt_tokens.to_numpy(np.int64)[admitted]
     hit = cached > 0
     ttft = lat.ttft_s.to_numpy(np.float64)[admitted]
+    prompt_sum = int(prompt.sum())
+    # a preempted request prefills again: prefill_tokens - prompt_tokens beyond its first prefill,
+    # prefill_cached_tokens - cached_tokens of it from the cache (both 0 for one never preempted)
+    again = int(req.prefill_tokens.to_numpy(np.int64)[admitted].sum()) - prompt_sum
+    again_cached = int(req.prefill_cached_tokens.to_numpy(np.int64)[admitted].sum()) - int(cached.sum())
     return {
-        "cache_hit_rate": float(cached.sum()) / prompt if prompt else float("nan"),
+        "cache_hit_rate": float(cached.sum()) / prompt_sum if prompt_sum else float("nan"),
         "cache_request_hit_rate": float(hit.mean()) if hit.size else float("nan"),
-        "prefill_tokens_saved": int(req.prefill_cached_tokens.sum()),
-        "prefill_tokens_computed": int(req.prefill_computed_tokens.sum()),
+        "prefill_tokens_saved": int(cached.sum()),
+        "prefill_tokens_computed": int(req.prefill_computed_tokens.to_numpy(np.int64)[admitted].sum()),
+        "prefill_tokens_after_preemption": again,
+        "prefill_tokens_cached_after_preemption": again_cached,
+        "preempted_requests": int((req.preemptions.to_numpy()[admitted] > 0).sum()),
         "ttft_hit_s": dist(ttft[hit]),
         "ttft_miss_s": dist(ttft[~hit]),
     }

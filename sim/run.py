@@ -49,9 +49,9 @@ class RunOutput:
     `SloWatch.failed`'s answer), the fleet's state changes (`fleet`: rows of time, replica, state
     code; `sim.fleet`), the autoscaler's decisions (`autoscale`: time, signal, desired, live
     after) and the follow-load speculation switches (`follow_load`: time, load, speculating
-    after); each None when the run had no such process. `window_end_s`: the end of the metric
-    window when the run itself decides it (a closed loop sized by duration: `run_closed`), else
-    None."""
+    after); each None when the run had no such process. `window_start_s`, `window_end_s`: the
+    metric window [start, end) when the run itself decides it (a closed loop: `run_closed`), else
+    None (start None: warmup_s)."""
 
     requests: pd.DataFrame
     steps: pd.DataFrame
@@ -66,6 +66,32 @@ class RunOutput:
     autoscale: list[tuple[float, float, int, int]] | None = None
     follow_load: list[tuple[float, float, bool]] | None = None
     window_end_s: float | None = None
+    window_start_s: float | None = None
+
+
+def fixed_set_window(sent: np.ndarray, completion: np.ndarray | None, warmup_s: float,
+                     horizon_s: float = math.inf, frontend_s: float = 0.0) -> tuple[float, float]:
+    """The metric window [start, end) of a run of a fixed set of requests (`num_requests`, a
+    trace replayed to its end, a closed loop that sent them all), from the send times of its
+    requests (`sent`, NaN for never sent) and their completions: from warmup_s until the last
+    request reaches the engine's queue (its send plus the frontend's latency, `frontend_s`),
+    included (`end` is the next float after it), so the last send counts. (A fused run of steps
+    never straddles that instant, an event of the run: step metrics stay exact.) A burst (every
+    request sent at one instant, as benchmark tools send) has no arrival process to warm up
+    through or to time: its window runs from that instant (or warmup_s, if earlier) over its
+    whole drain, to the last completion included (to `horizon_s` when some request never
+    completed; just past its queueing before the run, `completion` None)."""
+    t = sent[~np.isnan(sent)]
+    if t.size == 0:
+        return warmup_s, warmup_s
+    first, last = float(t.min()), float(t.max())
+    if last > first:
+        return warmup_s, float(np.nextafter(last + frontend_s, math.inf))
+    end = first + frontend_s
+    if completion is not None:
+        done = completion[~np.isnan(completion)]
+        end = float(done.max()) if 0 < done.size == t.size else horizon_s
+    return min(warmup_s, first), float(np.nextafter(max(end, first), math.inf))
 
 
 def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica], router: str,

@@ -31,7 +31,7 @@ from sim.capacity import (
 from sim.deployment import ReplicaRuntime, build_runtime, rejection_reason
 from sim.fleet import default_warmup_s
 from sim.metrics import bench_metrics, closed_loop_stability, intervals, request_latencies, stability, summarise
-from sim.run import RunOutput, run_table
+from sim.run import RunOutput, fixed_set_window, run_table
 from sim.scenario import MAX_REQUESTS, Scenario
 from sim.summary import (
     assemble,
@@ -159,35 +159,53 @@ def simulate(sc: Scenario, seed: int | None = None, *, capacity: RunCapacity | N
     # build
     rt = build_runtime(sc)
     rate = offered_rate(sc, capacity)
+    configured = rate  # (a trace at its own timing reports its own rate, below, but is not judged by it)
     replica_cap = replica_capacity(sc, rt, capacity)
     warmup_s = replica_warmup_s(sc)
     wl = sc.workload
     # run
     lag = None
+    start_s = wl.warmup_s
     if wl.closed:
         out = run_closed(sc, rt, seed, progress=progress)
         assert out.window_end_s is not None
         end_s = out.window_end_s
+        start_s = out.window_start_s if out.window_start_s is not None else start_s
         loop = "closed"
     else:
         table = generate(wl, seed, rate)
-        end_s = float(table.arrival_s.max()) if wl.num_requests else wl.duration_s
+        # a fixed set of requests (num_requests, a trace that runs out before duration_s) is measured
+        # up to its last arrival, included
+        fixed = bool(table.attrs.get("runs_out"))
+        times = table.arrival_s.to_numpy(np.float64)
+        if fixed:
+            start_s, end_s = fixed_set_window(times, None, wl.warmup_s, frontend_s=rt.cost.eff.frontend_s)
+        else:
+            end_s = wl.duration_s
+        if rate is None and wl.replays_trace:  # the trace's own rate over its span (inf: a burst)
+            span = float(times.max() - times.min())
+            rate = (times.size - 1) / span if span > 0 else float("inf")
         if wl.max_concurrency is None:
             out = run_table(sc, rt, table, seed, backlog_limit=sc.sim.backlog_limit, progress=progress,
                             replica_capacity_rps=replica_cap, warmup_s=warmup_s,
-                            stop_on_slo=(wl.warmup_s, end_s, sc.slo.targets()) if sc.sim.stop_on_slo_fail else None)
+                            stop_on_slo=(start_s, end_s, sc.slo.targets()) if sc.sim.stop_on_slo_fail else None)
             loop = "open"
         else:  # vllm bench serve --request-rate R --max-concurrency N: a send waits for a free client
             out = run_table(sc, rt, table, seed, concurrency=wl.max_concurrency, gate_arrivals=True, progress=progress)
             due = table.set_index("id").arrival_s.reindex(out.requests.id).to_numpy(np.float64)
             lag = out.requests.arrival_s.to_numpy(np.float64) - due  # how long each request waited for a client
             loop = "gated"
+        if fixed:  # what was sent (a gated send lags its arrival), the drain of a burst
+            start_s, end_s = fixed_set_window(out.requests.arrival_s.to_numpy(np.float64),
+                                              out.requests.completion_s.to_numpy(np.float64), wl.warmup_s,
+                                              out.horizon_s, rt.cost.eff.frontend_s)
     # collect
     early = out.stopped_early
     if early is not None:  # stopped once its SLO was certain to fail: figures over the part simulated
-        end_s = max(wl.warmup_s, min(end_s, float(early["at_s"])))
+        end_s = max(start_s, min(end_s, float(early["at_s"])))
     s = collect(sc, rt, seed, out, loop=loop, end_s=end_s, rate=rate, send_lag_s=lag, warmup_s=warmup_s,
-                capacity=capacity if with_capacity else None, own_rho=own_utilisation(sc, rate, capacity))
+                capacity=capacity if with_capacity else None, own_rho=own_utilisation(sc, configured, capacity),
+                start_s=start_s)
     req, steps = out.requests, out.steps
     iv = functools.partial(intervals, req, steps, interval_s=sc.sim.interval_s, end_s=end_s, replicas=rt.num_replicas,
                            gpus_per_replica=rt.gpus_per_replica, timeline=out.fleet,
@@ -201,14 +219,16 @@ def simulate(sc: Scenario, seed: int | None = None, *, capacity: RunCapacity | N
 
 def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop: str, end_s: float,
             rate: float | None, send_lag_s: np.ndarray | None, warmup_s: float,
-            capacity: RunCapacity | None, own_rho: float = float("nan")) -> dict[str, Any]:
+            capacity: RunCapacity | None, own_rho: float = float("nan"), start_s: float | None = None) -> dict[str, Any]:
     """The run's summary, assembled from its sections (`sim.summary`; each owns its keys).
-    `end_s`: the metric window's end; `warmup_s`: a new replica's warm-up delay; `capacity`:
+    `end_s`: the metric window's end; `start_s`: its start (None: workload.warmup_s; earlier for
+    a burst: `sim.run.fixed_set_window`); `warmup_s`: a new replica's warm-up delay; `capacity`:
     the capacity figures to report, or None; `own_rho`: the offered rate over the deployment's
     own capacity, where known (`own_utilisation`)."""
     wl = sc.workload
     req, steps = out.requests, out.steps
-    warm = wl.warmup_s  # never clamped: a run whose arrivals all fall in warm-up is 'insufficient'
+    # never clamped: a run whose arrivals all fall in warm-up is 'insufficient'
+    warm = wl.warmup_s if start_s is None else start_s
     fleet, busy_scale = fleet_section(sc, rt, out, end_s, warmup_s)
     targets = sc.slo.targets()
     tp = summarise(req, steps, warmup_s=warm, end_s=end_s, replicas=rt.num_replicas,
@@ -226,7 +246,7 @@ def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop
     slo = slo_section(tp, targets, out.stopped_early)
     clients = wl.concurrency if wl.closed else wl.max_concurrency
     run = {"truncated": bool(out.truncated), "horizon_s": float(out.horizon_s), "loop": loop, "concurrency": clients,
-           "window_end_s": end_s, **rejected_fields(out, len(req)),
+           "window_start_s": warm, "window_end_s": end_s, **rejected_fields(out, len(req)),
            "offered_rate_rps": rate if rate is not None else float("nan")}
     # vllm bench serve's figures, computed as its script does: over the whole run, no warm-up
     bench = {**bench_metrics(req, steps), "max_concurrency": clients,
@@ -332,15 +352,18 @@ def closed_pool(sc: Scenario, rt: ReplicaRuntime) -> int:
 
 
 def run_closed(sc: Scenario, rt: ReplicaRuntime, seed: int, *, progress: bool = False) -> RunOutput:
-    """A closed loop (`arrival = "closed"`): its `RunOutput`, with the window's end (`window_end_s`).
+    """A closed loop (`arrival = "closed"`): its `RunOutput`, with the window (`window_start_s`,
+    `window_end_s`).
 
-    Sized by `num_requests`, the clients send them all and the window ends at the last send (after
-    it the population shrinks). Sized by `duration_s`, the clients send until duration_s from a
-    pool of requests big enough never to run dry (checked: a pool that ran dry is doubled and the
-    run repeated, so the result does not depend on the first guess), the requests in flight then
-    complete, and the window ends at duration_s; requests never sent are not in the table. A
+    Sized by `num_requests`, the clients send them all and the window ends as the last send
+    reaches the engine, included (after it the population shrinks); when they all went at t = 0 (N clients, at most N
+    requests), over their drain (`sim.run.fixed_set_window`). Sized by `duration_s`, the clients
+    send until duration_s from a pool of requests big enough never to run dry (checked: a pool
+    that ran dry is doubled and the run repeated, so the result does not depend on the first
+    guess), the requests in flight then complete, and the window ends at duration_s; requests
+    never sent are not in the table. A
     trace sends each of its requests once, in order: one that runs out ends the window early, at
-    its last send."""
+    its last send (included)."""
     wl = sc.workload
     assert wl.concurrency is not None
     pool = None if wl.num_requests is not None else closed_pool(sc, rt)
@@ -354,7 +377,6 @@ def run_closed(sc: Scenario, rt: ReplicaRuntime, seed: int, *, progress: bool = 
         if pool is None or not sent.all() or len(table) < pool or pool >= MAX_REQUESTS:
             break
         pool = min(MAX_REQUESTS, 2 * pool)  # the clients ran dry before duration_s: a bigger pool
-    last_send = float(np.nanmax(req.arrival_s.to_numpy(np.float64))) if sent.any() else 0.0
     if pool is not None and not sent.all():
         end_s = wl.duration_s  # N clients were busy (or thinking) right up to duration_s
         reached = int(req.id.to_numpy()[sent].max()) + 1  # the pool's requests the clients got to
@@ -364,7 +386,9 @@ def run_closed(sc: Scenario, rt: ReplicaRuntime, seed: int, *, progress: bool = 
         skipped = reached - len(req)
         return dataclasses.replace(out, requests=req, rejected=skipped, window_end_s=end_s,
                                    rejected_reason=rejection_reason(rt) if skipped else "")
-    return dataclasses.replace(out, window_end_s=last_send)
+    start_s, end_s = fixed_set_window(req.arrival_s.to_numpy(np.float64), req.completion_s.to_numpy(np.float64),
+                                      wl.warmup_s, out.horizon_s, rt.cost.eff.frontend_s)
+    return dataclasses.replace(out, window_start_s=start_s, window_end_s=end_s)
 
 
 def capacity_summary(sc: Scenario, store: CapacityStore | None = None) -> dict[str, Any]:

@@ -287,11 +287,14 @@ def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | Non
 
     `rate_rps` is the offered rate (None keeps a trace's own timing; ignored by a closed loop).
     A closed loop holds `num_requests` requests, or `pool` when sized by duration_s (the run
-    sends from it until duration_s); with a trace, its requests' lengths in order, at most that many."""
+    sends from it until duration_s); with a trace, its requests' lengths in order, at most that many.
+    `table.attrs["runs_out"]`: whether the arrivals end with the table's (num_requests, or a
+    trace that ends before duration_s) rather than at duration_s."""
     rs = streams(seed)
     n = wl.num_requests
     units: tuple[list[np.ndarray], list[np.ndarray]] | None = None
     conv_id = turn = trace_line = None
+    runs_out = n is not None
     if wl.closed:
         n = n if n is not None else pool
         if n is None or n < 1:
@@ -313,7 +316,9 @@ def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | Non
         if n is not None:
             df = df.iloc[:n]
         else:
-            df = df[df.arrival_s < wl.duration_s]
+            within = df.arrival_s < wl.duration_s
+            runs_out = bool(within.all())
+            df = df[within]
         arrival = df.arrival_s.to_numpy(np.float64) if not wl.closed else np.full(len(df), np.nan)
         prompt = df.prompt_tokens.to_numpy(np.int64)
         output = df.output_tokens.to_numpy(np.int64)
@@ -370,4 +375,5 @@ def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | Non
     if units is not None:
         table["unit_keys"] = pd.Series(units[0], dtype=object)
         table["unit_blocks"] = pd.Series(units[1], dtype=object)
+    table.attrs["runs_out"] = runs_out
     return table

@@ -7,12 +7,15 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from experiments.commands.common import load, rejected_line, scenario_parser
 from experiments.report import timeseries_chart
 from experiments.why import LIGHT_UTILISATION, why_lines, why_speedup
 from models.errors import ConfigError
 from sim.capacity import CapacityStore
 from sim.metrics import expand_steps
+from sim.scenario import Scenario
 from sim.simulate import capacity_for, simulate
 
 
@@ -52,6 +55,9 @@ def run(a: argparse.Namespace) -> int:
     note = rejected_line(s["rejected_requests"], s["rejected_share"], s["rejected_reason"], s["rejected_lines"])
     if note:
         print(note)
+    note = window_note(sc, s, res.requests.arrival_s.to_numpy())
+    if note:
+        print(note)
     print(f"  capacity {s['capacity_rps']:.2f} req/s" + (f", with speculation {s['speculative_capacity_rps']:.2f}"
                                                         if "speculative_capacity_rps" in s else ""))
     if "cache_hit_rate" in s:  # prefix caching acted (requests carry block hashes)
@@ -76,11 +82,36 @@ def run(a: argparse.Namespace) -> int:
     return 0
 
 
+def window_note(sc: Scenario, s: dict[str, Any], sent: np.ndarray) -> str | None:
+    """One line on a fixed set of requests (num_requests, a trace) whose window is not the usual
+    [warmup_s, last arrival]: a burst, measured over its drain, or a warm-up that holds every
+    request (docs/METRICS.md, 'Window'); None otherwise."""
+    wl = sc.workload
+    t = sent[~np.isnan(sent)]
+    if (wl.num_requests is None and not wl.replays_trace) or t.size == 0:
+        return None
+    start, end = s["window_start_s"], s["window_end_s"]
+    if t.min() == t.max():
+        skipped = f"; warmup_s = {wl.warmup_s:g} does not apply" if start < wl.warmup_s else ""
+        return (f"  a burst: all {t.size} requests sent at {t.min():g} s, measured over their drain "
+                f"[{start:g}, {end:.1f}] s{skipped}")
+    if end <= start:
+        return (f"  no request measured: warmup_s = {wl.warmup_s:g} s ends after the last arrival ({t.max():.1f} s); "
+                "lower it, e.g. --set workload.warmup_s=0")
+    return None
+
+
 def cache_line(s: dict[str, Any]) -> str:
     """The prefix-cache figures of a summary, one line (docs/METRICS.md, 'Prefix caching')."""
-    return (f"  prefix cache: {s['cache_hit_rate']:.1%} of prompt tokens cached ({s['cache_request_hit_rate']:.0%} of "
-            f"requests hit), {s['prefill_tokens_saved']:,} prefill tokens saved, {s['prefill_tokens_computed']:,} "
-            f"computed; TTFT mean {_ms(s['ttft_hit_s']['mean'])} on a hit, {_ms(s['ttft_miss_s']['mean'])} on a miss")
+    again = ""
+    if s["preempted_requests"]:  # prefill redone after preemptions, apart from the first admissions' savings
+        again = (f"; {s['preemptions']:,} preemptions of {s['preempted_requests']:,} requests: "
+                 f"{s['prefill_tokens_after_preemption']:,} tokens prefilled again, "
+                 f"{s['prefill_tokens_cached_after_preemption']:,} of them from the cache")
+    return (f"  prefix cache: {s['cache_hit_rate']:.1%} of prompt tokens cached at first admission "
+            f"({s['cache_request_hit_rate']:.0%} of requests hit), {s['prefill_tokens_saved']:,} prefill tokens saved "
+            f"there, {s['prefill_tokens_computed']:,} computed in all{again}; TTFT mean "
+            f"{_ms(s['ttft_hit_s']['mean'])} on a hit, {_ms(s['ttft_miss_s']['mean'])} on a miss")
 
 
 def _ms(x: float) -> str:
