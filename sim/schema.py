@@ -350,7 +350,7 @@ class Speculative(_Strict):
         """Keys that belong to one method, policy or self_spec mode are errors with another (they
         would be silently ignored). A key counts as given when it differs from its default (a
         dumped and re-read scenario holds every default)."""
-        values = self.model_dump()
+        values = {f: getattr(self, f) for f in ("method", "policy", "self_spec_mode", "tree_drafter")}
         fields = type(self).model_fields
         for key in SPEC_OWNED_KEYS:
             if getattr(self, key) != fields[key].default and (why := spec_key_unused(key, values)):
