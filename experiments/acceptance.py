@@ -103,6 +103,10 @@ def parse_prometheus(path: Path, text: str) -> dict[tuple[str, tuple[tuple[str, 
             continue
         labels = tuple(sorted(_LABEL.findall(m.group(2) or "")))
         out[(m.group(1), labels)] = value
+    if not lines:
+        raise ConfigError(f"{path}: a Prometheus file with no samples (only comments or blank lines); save vLLM's "
+                          "/metrics page while the server runs with speculative decoding, e.g. "
+                          "curl -s http://HOST:8000/metrics > scrape.prom")
     if not out or bad > len(lines) / 2:
         raise ConfigError(f"{path}: not a Prometheus text exposition ({bad} of {len(lines)} sample lines unreadable); "
                           "save vLLM's /metrics page as it is, e.g. curl -s http://HOST:8000/metrics > scrape.prom")
@@ -183,7 +187,7 @@ def _read_prometheus(paths: list[Path], k_flag: int | None, name: str, model: st
                      notes: list[str]) -> Observations:
     if len(paths) > 2:
         raise ConfigError(f"{paths[2]}: at most two Prometheus scrapes per source (before and after; counters are differenced)")
-    scrapes = [_spec_series(p, parse_prometheus(p, p.read_text(errors="replace")), model) for p in paths]
+    scrapes = [_spec_series(p, parse_prometheus(p, p.read_text(encoding="utf-8-sig", errors="replace")), model) for p in paths]
     where = str(paths[0]) if len(paths) == 1 else f"{paths[0]} -> {paths[1]}"
     for p, s in zip(paths, scrapes, strict=True):
         if not s:
@@ -374,8 +378,8 @@ def read_source(files: list[str], *, name: str, k: int | None = None, model: str
         p = Path(f)
         if not p.is_file():
             raise ConfigError(f"{p}: file not found")
-        try:
-            text = p.read_text()
+        try:  # utf-8-sig: a byte-order mark is not content
+            text = p.read_text(encoding="utf-8-sig")
         except UnicodeDecodeError:
             raise ConfigError(f"{p}: not a text file (a Prometheus scrape, bench JSON, log or CSV)") from None
         if not text.strip():

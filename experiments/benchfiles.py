@@ -101,7 +101,7 @@ def read_benchmarks(path: str | Path, *, request_rate: float | None = None, max_
     if not p.is_file():
         raise ConfigError(f"benchmark file not found: {p}")
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8-sig")  # (a byte-order mark is not content)
     except UnicodeDecodeError:
         raise ConfigError(f"{p}: not a text file; expected vLLM result JSON or a per-request CSV") from None
     if not text.strip():
@@ -350,7 +350,7 @@ def model_ids(paths: Sequence[str | Path]) -> list[str]:
         if not p.is_file() or p.suffix.lower() == ".csv":
             continue
         try:
-            objs = _json_objects(p, p.read_text())
+            objs = _json_objects(p, p.read_text(encoding="utf-8-sig"))
         except (ConfigError, UnicodeDecodeError):
             continue  # read_benchmarks reports it
         for obj in objs:

@@ -211,7 +211,17 @@ def load_sweep(path: str | Path | None = None, quick: bool = False) -> SweepSpec
             raise ConfigError(f"{p.name}: {where}: {given[0]} would be ignored, the sweep sets the load from its "
                               f"{how}; remove it")
     base_path = (p.parent / d["base"]).resolve()
-    base = load_scenario(base_path, base_set or None)
+    try:
+        base = load_scenario(base_path, base_set or None)
+    except ConfigError as err:
+        if not base_set:
+            raise
+        try:  # the base alone: its own errors name it, the set table's name the sweep file
+            load_scenario(base_path)
+        except ConfigError:
+            raise err from None
+        where = "set" + (" (with quick.set)" if quick and q.get("set") else "")
+        raise ConfigError(f"{p.name}: {where}: {str(err).removeprefix(base_path.name + ': ')}") from None
     for v in variants:  # validate every variant now: one-line errors before any run
         try:
             sc_v = base.with_overrides(v.overrides)
@@ -219,6 +229,16 @@ def load_sweep(path: str | Path | None = None, quick: bool = False) -> SweepSpec
                 sc_v.with_overrides(closed_overrides(clients_t[0]))
         except ConfigError as err:
             raise ConfigError(f"{p.name}: variant '{v.name}': {err}") from None
+        if utils_t:  # each point offers rate_rps = utilisation x the reference's capacity
+            if sc_v.workload.closed:
+                raise ConfigError(f"{p.name}: variant '{v.name}' is a closed loop (arrival = 'closed'), which sets its "
+                                  "own rate; a utilisation sweep offers rates: use concurrency = [...] (clients) "
+                                  "instead, or an open-loop base")
+            try:
+                sc_v.with_overrides({"workload.rate_rps": 1.0})
+            except ConfigError as err:
+                raise ConfigError(f"{p.name}: variant '{v.name}': the utilisation axis offers each point a rate "
+                                  f"(workload.rate_rps), which it refuses: {err}") from None
     return SweepSpec(d.get("name", p.stem), base, utils_t, seeds_t, tuple(variants), ref, clients_t, pairs)
 
 

@@ -228,8 +228,8 @@ def load_efficiency(path: str | Path, base: Efficiency | None = None) -> Efficie
     if not p.is_file():
         raise ConfigError(f"efficiency file not found: {p}")
     try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as err:
+        data = json.loads(p.read_text(encoding="utf-8-sig"))  # (a byte-order mark is not JSON)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{p}: not valid JSON ({err})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a JSON object of efficiency factors ({', '.join(EFFICIENCY_FIELDS)})")

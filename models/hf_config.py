@@ -227,24 +227,40 @@ def llm_from_config(data: dict[str, Any], name: str, source: str = "") -> LLM:
 
 
 def default_name(path: str | Path) -> str:
-    """`.../Qwen3-8B/config.json` -> `qwen3-8b`; `qwen3-8b.json` -> `qwen3-8b`."""
+    """`.../Qwen3-8B/config.json` or the folder `.../Qwen3-8B` -> `qwen3-8b`; `qwen3-8b.json` -> `qwen3-8b`."""
     p = Path(path)
+    if p.is_dir():
+        return p.name.lower()
     return (p.parent.name if p.name == "config.json" and p.parent.name else p.stem).lower()
 
 
-def load_config(path: str | Path, name: str | None = None) -> LLM:
-    """The model of a config.json file (cached per file version)."""
+def config_file(path: str | Path) -> Path:
+    """The config.json a path names: the file itself, or `config.json` in a model folder (a
+    Hugging Face checkpoint as downloaded); a one-line ConfigError when there is none."""
     p = Path(path)
+    if p.is_dir():
+        if (p / "config.json").is_file():
+            return p / "config.json"
+        raise ConfigError(f"'{p}' is a folder without a config.json; give the path of the model's config.json "
+                          "(or of the folder holding it)")
     if not p.is_file():
-        raise ConfigError(f"config.json not found: '{p}' (a path relative to the scenario file, or absolute)")
+        raise ConfigError(f"config.json not found: '{p.resolve()}'; give the path of a Hugging Face config.json "
+                          "(or of the folder holding it)")
+    return p
+
+
+def load_config(path: str | Path, name: str | None = None) -> LLM:
+    """The model of a config.json file, or of the one in a model folder (cached per file version)."""
+    given = Path(path)
+    p = config_file(given)
     st = p.stat()
-    return _load(str(p.resolve()), st.st_mtime_ns, st.st_size, name or default_name(p))
+    return _load(str(p.resolve()), st.st_mtime_ns, st.st_size, name or default_name(given))
 
 
 @functools.lru_cache(maxsize=64)
 def _load(path: str, mtime_ns: int, size: int, name: str) -> LLM:
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text(encoding="utf-8-sig"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: not valid JSON ({err}); give the path of a Hugging Face config.json") from None
     return llm_from_config(data, name, path)
@@ -260,7 +276,7 @@ def read_user_catalog(path: str | Path) -> dict[str, Path]:
 
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text())
+        data = tomllib.loads(p.read_text(encoding="utf-8-sig"))
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{p}: not a readable models.toml ({err}); fix or remove it") from None
     table = data.get("models", {})
@@ -284,8 +300,8 @@ def find_user_model(name: str, folders: tuple[Path, ...] | list[Path]) -> Path |
 def add_user_model(config_path: str | Path, name: str | None = None, catalog: str | Path = USER_CATALOG) -> tuple[LLM, Path]:
     """Register a config.json in a user catalogue (created if missing): checks it parses first.
     Returns the model and the catalogue's path."""
-    cfg = Path(config_path).resolve()
-    model = load_config(cfg, name)
+    cfg = config_file(Path(config_path).resolve())
+    model = load_config(cfg, name or default_name(Path(config_path).resolve()))
     if model.name in MODELS:
         raise ConfigError(f"'{model.name}' is a built-in catalogue model; choose another --name")
     cat = Path(catalog)

@@ -28,6 +28,8 @@ from sim.schema import (
     SLO_METRICS,
     SLO_PERCENTILES,
     SPEC_METHODS,
+    SPEC_OWNED_KEYS,
+    WORKLOAD_ARRIVAL_KEYS,
     Autoscale,
     Conversations,
     CsvProfile,
@@ -51,6 +53,8 @@ from sim.schema import (
     check_request_count,
     gpu_name,
     slo_key_hint,
+    spec_key_unused,
+    workload_key_unused,
 )
 
 __all__ = [  # the schema's names too: every scenario type is imported from here
@@ -108,6 +112,7 @@ class Scenario(ScenarioSpec):
 
     def with_overrides(self, overrides: dict[str, Any]) -> Scenario:
         data = apply_overrides(self.model_dump(mode="json", exclude_none=True), overrides)
+        _resolve_paths(data, Path.cwd())
         _resolve_model_configs(data, Path.cwd())
         return scenario_from_dict(data)
 
@@ -126,17 +131,45 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
             node.pop(parts[-1], None)
         else:
             node[parts[-1]] = value
-    # a model set by name replaces the config.json that defined the previous one
+    # a model set by name replaces the config.json that defined the previous one, and a config.json
+    # set replaces the name of the previous model (the new one is named after its config)
     for section, name_key, cfg_key in (("deployment", "model", "model_config"),
                                        ("speculative", "draft_model", "draft_model_config")):
-        if f"{section}.{name_key}" in overrides and f"{section}.{cfg_key}" not in overrides \
-                and isinstance(data.get(section), dict):
-            data[section].pop(cfg_key, None)
+        for key, other in ((name_key, cfg_key), (cfg_key, name_key)):
+            if f"{section}.{key}" in overrides and f"{section}.{other}" not in overrides \
+                    and isinstance(data.get(section), dict):
+                data[section].pop(other, None)
     # utilisation and rate_rps are two ways to set one load: setting one replaces the other
+    given = [f"workload.{k}={overrides[f'workload.{k}']}" for k in ("utilisation", "rate_rps")
+             if overrides.get(f"workload.{k}") is not None]
+    if len(given) == 2:
+        raise ConfigError(f"{given[0]} and {given[1]} are both given; they are two ways to set one offered load: "
+                          "keep one of them")
     for key, other in (("utilisation", "rate_rps"), ("rate_rps", "utilisation")):
         if overrides.get(f"workload.{key}") is not None and isinstance(data.get("workload"), dict):
             data["workload"].pop(other, None)
+    _drop_switched_keys(data, overrides)
     return data
+
+
+def _drop_switched_keys(data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """An arrival, method, policy, self_spec mode or tree drafter set by key
+    (`workload.arrival=poisson`, `speculative.method=eagle`) replaces the previous one with its own
+    keys: the keys that belonged only to the previous one (WORKLOAD_ARRIVAL_KEYS: trace, cv;
+    SPEC_OWNED_KEYS: draft_model, tree_branching, disable_batch_size, ...) go with it, unless they
+    are set by key too (then the validator names the conflict)."""
+    wl = data.get("workload")
+    if isinstance(wl, dict) and "workload.arrival" in overrides and isinstance(wl.get("arrival"), str):
+        for key in WORKLOAD_ARRIVAL_KEYS:
+            if key in wl and f"workload.{key}" not in overrides and workload_key_unused(key, wl["arrival"]):
+                del wl[key]
+    spec = data.get("speculative")
+    switches = ("method", "policy", "self_spec_mode", "tree_drafter")
+    if not isinstance(spec, dict) or not any(f"speculative.{k}" in overrides for k in switches):
+        return
+    for key in SPEC_OWNED_KEYS:
+        if key in spec and f"speculative.{key}" not in overrides and spec_key_unused(key, spec):
+            del spec[key]
 
 
 def parse_set(items: list[str]) -> dict[str, Any]:
@@ -146,11 +179,15 @@ def parse_set(items: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise ConfigError(f"--set '{item}': expected key=value, e.g. workload.utilisation=0.7")
         key, raw = item.split("=", 1)
+        key = key.strip()
+        if not all(part.strip() for part in key.split(".")):
+            raise ConfigError(f"--set '{item}': malformed key '{key}'; expected section.key=value, e.g. "
+                              "workload.utilisation=0.7 (or a top-level key such as seed=2)")
         try:
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             value = raw
-        out[key.strip()] = value
+        out[key] = value
     return out
 
 
@@ -180,54 +217,58 @@ def read_toml(path: str | Path, kind: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{kind} file not found: {p}")
-    try:
-        return tomllib.loads(p.read_text())
+    try:  # utf-8-sig: a byte-order mark (Windows editors write one) is not TOML
+        return tomllib.loads(p.read_text(encoding="utf-8-sig"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{p}: invalid TOML: {err}") from None
 
 
+def _resolve_paths(data: dict[str, Any], folder: Path) -> None:
+    """Relative file paths (traces, rate profile, efficiency file, config.json files) made
+    absolute against `folder`; absolute ones are kept."""
+    def fix(table: Any, key: str) -> None:
+        if isinstance(table, dict) and isinstance(table.get(key), str) and not Path(table[key]).is_absolute():
+            table[key] = str((folder / table[key]).resolve())
+
+    dep, spec, wl = (data.get(k) for k in ("deployment", "speculative", "workload"))
+    fix(dep, "efficiency_file")
+    fix(dep, "model_config")
+    fix(spec, "draft_model_config")
+    if isinstance(wl, dict):
+        fix(wl, "trace")
+        fix(wl.get("rate_profile"), "file")
+        for key in ("prompt_tokens", "output_tokens"):
+            fix(wl.get(key), "trace")
+        conv = wl.get("conversations")
+        if isinstance(conv, dict):
+            fix(conv.get("growth_tokens"), "trace")
+
+
 def _resolve_model_configs(data: dict[str, Any], folder: Path) -> None:
-    """Config.json paths relative to the scenario's folder; a model or draft named in a user
-    catalogue (models.toml next to the scenario, else in the working directory; `specrack models
-    add`) gets its config.json from there."""
+    """A model or draft named in a user catalogue (models.toml next to the scenario, else in the
+    working directory; `specrack models add`) gets its config.json from there."""
     for section, cfg_key, name_key in (("deployment", "model_config", "model"),
                                        ("speculative", "draft_model_config", "draft_model")):
         sec = data.get(section)
         if not isinstance(sec, dict):
             continue
-        cfg = sec.get(cfg_key)
-        if isinstance(cfg, str) and not Path(cfg).is_absolute():
-            sec[cfg_key] = str((folder / cfg).resolve())
         name = sec.get(name_key)
-        if cfg is None and isinstance(name, str) and name.lower() not in MODELS:
+        if sec.get(cfg_key) is None and isinstance(name, str) and name.lower() not in MODELS:
             found = find_user_model(name, (folder, Path.cwd()))
             if found is not None:
                 sec[cfg_key] = str(found)
 
 
 def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> Scenario:
-    """Read and validate a TOML scenario; relative trace paths resolve against its folder."""
+    """Read and validate a TOML scenario. Relative paths in the file resolve against its folder;
+    relative paths in `overrides` (typed with --set) against the working directory."""
     p = Path(path)
     data = read_toml(p, "scenario")
-    dep = data.get("deployment", {})
-    if isinstance(dep, dict) and isinstance(dep.get("efficiency_file"), str) and not Path(dep["efficiency_file"]).is_absolute():
-        dep["efficiency_file"] = str((p.parent / dep["efficiency_file"]).resolve())
-    _resolve_model_configs(data, p.parent)
-    wl = data.get("workload", {})
-    if isinstance(wl, dict):
-        for key in ("trace",):
-            if isinstance(wl.get(key), str) and not Path(wl[key]).is_absolute():
-                wl[key] = str((p.parent / wl[key]).resolve())
-        prof = wl.get("rate_profile")
-        if isinstance(prof, dict) and isinstance(prof.get("file"), str) and not Path(prof["file"]).is_absolute():
-            prof["file"] = str((p.parent / prof["file"]).resolve())
-        for key in ("prompt_tokens", "output_tokens"):
-            d = wl.get(key)
-            if isinstance(d, dict) and isinstance(d.get("trace"), str) and not Path(d["trace"]).is_absolute():
-                d["trace"] = str((p.parent / d["trace"]).resolve())
+    _resolve_paths(data, p.parent)
     if overrides:
         data = apply_overrides(data, overrides)
-        _resolve_model_configs(data, p.parent)
+        _resolve_paths(data, Path.cwd())  # (only the overrides' paths are still relative)
+    _resolve_model_configs(data, p.parent)
     try:
         return scenario_from_dict(data)
     except ConfigError as err:

@@ -19,8 +19,8 @@ from models.calibration import check_efficiency
 from models.catalog import GPUS, KV_FORMATS, MODELS, WEIGHT_FORMATS
 from models.engines import DEFAULT_PROFILE, Scheduling, get_profile, resolve
 from models.errors import ConfigError, unknown
-from models.hf_config import default_name, load_config
-from sim.traces import file_digest
+from models.hf_config import config_file, default_name, load_config
+from sim.traces import file_digest, load_trace
 
 # At most this many requests in one run: a bigger table would not fit in memory, nor finish.
 MAX_REQUESTS = 10_000_000
@@ -129,11 +129,22 @@ class Distillation(_Strict):
     _training_gpu = field_validator("training_gpu")(staticmethod(gpu_name))
 
 
+def not_found(what: str, path: str) -> str:
+    """The one-line message for a file a scenario names that is not there: the path looked at,
+    and what a relative path is relative to."""
+    return (f"{what} not found: '{Path(path).resolve()}' (a relative path in a scenario file is relative to its folder; "
+            "one given with --set or in a sweep's or plan's set tables, to the working directory)")
+
+
 def _config_field(v: str | None) -> str | None:
-    """A config.json path (`deployment.model_config`, `speculative.draft_model_config`) must load."""
+    """A config.json path (`deployment.model_config`, `speculative.draft_model_config`) must load;
+    a model folder holding one stands for its config.json."""
     if v is not None:
+        if not Path(v).exists():
+            raise ValueError(not_found("config.json", v))
         try:
             load_config(v)
+            return str(config_file(v))
         except ConfigError as err:
             raise ValueError(str(err)) from None
     return v
@@ -244,6 +255,21 @@ class Deployment(_Strict):
 
 
 SPEC_METHODS = ("draft_model", "eagle", "eagle3", "mtp", "tree", "self_spec", "ngram", "suffix")
+# [speculative] keys that belong to one method, policy or self_spec mode: (field, value) pairs that
+# must all hold for the key to act (draft_model: `spec_key_unused`)
+SPEC_KEY_OWNERS: dict[str, tuple[tuple[str, str], ...]] = {
+    "mtp_depth": (("method", "mtp"),),
+    "tree_branching": (("method", "tree"),), "tree_drafter": (("method", "tree"),),
+    "tree_rank_decay": (("method", "tree"),),
+    "self_spec_mode": (("method", "self_spec"),),
+    "self_spec_window": (("method", "self_spec"), ("self_spec_mode", "window")),
+    "self_spec_layer_fraction": (("method", "self_spec"), ("self_spec_mode", "layer_skip")),
+    "suffix_host_s": (("method", "suffix"),),
+    "disable_batch_size": (("policy", "disable_above_batch"),),
+    "load_off_above": (("policy", "follow_load"),), "load_on_below": (("policy", "follow_load"),),
+    "load_interval_s": (("policy", "follow_load"),),
+}
+SPEC_OWNED_KEYS = ("draft_model", *SPEC_KEY_OWNERS)
 # methods whose drafter is a head on the target's hidden states (or the target itself): colocated only
 _COLOCATED_ONLY = ("eagle3", "mtp", "tree", "self_spec", "suffix")
 
@@ -321,26 +347,24 @@ class Speculative(_Strict):
         return self.method == "draft_model" or (self.method == "tree" and self.tree_drafter == "draft_model")
 
     def _check_method_keys(self) -> None:
-        """Keys that belong to one method are errors with another (they would be silently ignored).
-        A key counts as given when it differs from its default (a dumped and re-read scenario
-        holds every default)."""
-        owners = {"mtp_depth": "mtp", "tree_branching": "tree", "tree_drafter": "tree", "tree_rank_decay": "tree",
-                  "self_spec_mode": "self_spec", "self_spec_window": "self_spec",
-                  "self_spec_layer_fraction": "self_spec", "suffix_host_s": "suffix"}
+        """Keys that belong to one method, policy or self_spec mode are errors with another (they
+        would be silently ignored). A key counts as given when it differs from its default (a
+        dumped and re-read scenario holds every default)."""
+        values = {f: getattr(self, f) for f in ("method", "policy", "self_spec_mode", "tree_drafter")}
         fields = type(self).model_fields
-        for key, method in owners.items():
-            if self.method != method and getattr(self, key) != fields[key].default:
-                raise ValueError(f"{key} only applies to method '{method}' (method is '{self.method}'); remove it")
+        for key in SPEC_OWNED_KEYS:
+            if getattr(self, key) != fields[key].default and (why := spec_key_unused(key, values)):
+                raise ValueError(why)
 
     @model_validator(mode="after")
     def _consistent(self) -> Speculative:
+        if self.draft_model_config and self.method != "draft_model":
+            raise ValueError(f"draft_model_config defines a draft model; it needs method = 'draft_model' "
+                             f"(got '{self.method}'), or remove it")
         self._check_method_keys()
         if self.method == "draft_model" and not self.draft_model:
             raise ValueError("method 'draft_model' needs draft_model = '<catalogue model>' (or draft_model_config = "
                              "'<path to its config.json>')")
-        if self.draft_model_config and self.method != "draft_model":
-            raise ValueError(f"draft_model_config defines a draft model; it needs method = 'draft_model' "
-                             f"(got '{self.method}'), or remove it")
         if self.method == "tree" and self.tree_drafter == "draft_model" and not self.draft_model:
             raise ValueError("tree_drafter 'draft_model' needs draft_model = '<catalogue model>'")
         if self.placement == "colocated" and self.draft_gpus != 1:
@@ -355,8 +379,10 @@ class Speculative(_Strict):
         if self.load_on_below > self.load_off_above:
             raise ValueError(f"load_on_below ({self.load_on_below:g}) must not exceed load_off_above "
                              f"({self.load_off_above:g}): speculation turns back on below the level it turned off at")
-        if self.policy in ("fixed", "follow_load") and self.num_speculative_tokens < 1:
-            raise ValueError(f"num_speculative_tokens must be >= 1 with policy '{self.policy}' (use 'adaptive' to allow 0)")
+        if self.policy != "adaptive" and self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1 with policy '{self.policy}' (at 0 it never drafts "
+                             "yet pays the speculation machinery); set num_speculative_tokens >= 1, remove "
+                             "[speculative] to run without speculation, or use policy 'adaptive' to allow 0")
         k = self.num_speculative_tokens
         if self.acceptance_profile is not None:
             if len(self.acceptance_profile) < k:
@@ -385,6 +411,28 @@ class Speculative(_Strict):
             raise ValueError(f"num_speculative_tokens={k} exceeds mtp_depth={self.mtp_depth} (each drafted token "
                              f"needs its own MTP module); use num_speculative_tokens <= {self.mtp_depth}")
         return self
+
+
+def spec_key_unused(key: str, spec: dict[str, Any]) -> str | None:
+    """Why a [speculative] key of one method, policy or self_spec mode (SPEC_OWNED_KEYS) does
+    nothing under `spec`'s (a table; missing entries take their defaults): the one-line message
+    naming the key, what it needs and the fix; None when it applies."""
+    fields = Speculative.model_fields
+
+    def get(name: str) -> Any:
+        return spec.get(name, fields[name].default)
+
+    if key == "draft_model":
+        if get("method") == "draft_model" or (get("method") == "tree" and get("tree_drafter") == "draft_model"):
+            return None
+        now = f"method is '{get('method')}'" + (f" with tree_drafter '{get('tree_drafter')}'" if get("method") == "tree" else "")
+        return (f"draft_model only applies to method 'draft_model' (or 'tree' with tree_drafter = 'draft_model'); "
+                f"{now}: remove draft_model, or set method = 'draft_model'")
+    for field, value in SPEC_KEY_OWNERS[key]:
+        if get(field) != value:
+            return (f"{key} only applies to {field.replace('_', ' ')} '{value}' ({field} is '{get(field)}'); "
+                    f"remove it, or set {field} = '{value}'")
+    return None
 
 
 class FixedThink(_Strict):
@@ -454,7 +502,7 @@ class CsvProfile(_Strict):
     @model_validator(mode="after")
     def _exists(self) -> CsvProfile:
         if not Path(self.file).is_file():
-            raise ValueError(f"file not found: {self.file} (paths are relative to the scenario file)")
+            raise ValueError(not_found("file", self.file))
         return self
 
 
@@ -568,21 +616,27 @@ class Workload(_Strict):
         self._check_profile()
         if self.arrival == "trace" and not self.trace:
             raise ValueError("arrival 'trace' needs trace = '<path to a trace file>'")
+        for key in WORKLOAD_ARRIVAL_KEYS:
+            if getattr(self, key) != type(self).model_fields[key].default and (why := workload_key_unused(key, self.arrival)):
+                raise ValueError(why)
         if (self.trace_start_s is not None or self.trace_end_s is not None) and not self.replays_trace:
             raise ValueError("trace_start_s / trace_end_s select a window of a trace; they need arrival = 'trace' "
                              "(or 'closed' with a trace)")
         if self.trace_end_s is not None and self.trace_end_s <= (self.trace_start_s or 0.0):
             raise ValueError(f"trace_end_s ({self.trace_end_s}) must be after trace_start_s ({self.trace_start_s or 0.0})")
         if self.replays_trace and self.trace and not Path(self.trace).is_file():
-            raise ValueError(f"trace file not found: {self.trace} (paths are relative to the scenario file)")
-        for name, d in (("prompt_tokens", self.prompt_tokens), ("output_tokens", self.output_tokens)):
+            raise ValueError(not_found("trace file", self.trace))
+        growth = self.conversations.growth_tokens if self.conversations is not None else None
+        for name, d in (("prompt_tokens", self.prompt_tokens), ("output_tokens", self.output_tokens),
+                        ("conversations.growth_tokens", growth)):
             if isinstance(d, Empirical) and not Path(d.trace).is_file():
-                raise ValueError(f"{name}: trace file not found: {d.trace} (paths are relative to the scenario file)")
+                raise ValueError(f"{name}: {not_found('trace file', d.trace)}")
         if (self.arrival not in ("trace", "closed") and self.utilisation is None and self.rate_rps is None
                 and self.rate_profile is None):
             raise ValueError("set utilisation = <fraction of capacity>, rate_rps = <requests/s> or rate_profile")
         if self.utilisation is not None and self.rate_rps is not None:
-            raise ValueError("set only one of utilisation and rate_rps")
+            raise ValueError(f"utilisation = {self.utilisation:g} and rate_rps = {self.rate_rps:g} are both set; they are "
+                             "two ways to give one offered load: keep one of them")
         if self.rate_rps is not None and self.num_requests is None and self.arrival != "trace":
             check_request_count(self.rate_rps, self.duration_s, "rate_rps")
         if self.warmup_s >= self.duration_s and self.num_requests is None:
@@ -593,6 +647,23 @@ class Workload(_Strict):
         if len({c.name for c in self.classes}) != len(self.classes):
             raise ValueError("classes must have distinct names")
         return self
+
+
+# [workload] keys that act with some arrivals only (the others: `Workload._check_loop`)
+WORKLOAD_ARRIVAL_KEYS = {"trace": ("trace", "closed"), "trace_format": ("trace", "closed"), "cv": ("gamma",)}
+
+
+def workload_key_unused(key: str, arrival: str) -> str | None:
+    """Why a [workload] key of WORKLOAD_ARRIVAL_KEYS does nothing with `arrival` (the one-line
+    message with the fix), or None when it acts."""
+    if arrival in WORKLOAD_ARRIVAL_KEYS[key]:
+        return None
+    if key == "cv":
+        return (f"cv: the coefficient of variation of gamma inter-arrival times needs arrival = 'gamma' "
+                f"(arrival is '{arrival}'); remove cv, or set arrival = 'gamma'")
+    return (f"{key}: a trace is replayed only with arrival = 'trace' (or 'closed': its lengths in order); arrival "
+            f"is '{arrival}': set arrival = 'trace', or remove {key} (to draw lengths from a trace, use "
+            "prompt_tokens = { dist = \"empirical\", trace = \"...\" })")
 
 
 def check_request_count(rate_rps: float, duration_s: float, field: str) -> None:
@@ -742,6 +813,29 @@ class ScenarioSpec(_Strict):
             raise ValueError(f"must be a non-negative integer (0, 1, 2, ...), got {v!r}")
         return v
 
+    @model_validator(mode="after")
+    def _affinity_has_hashes(self) -> ScenarioSpec:
+        """prefix_affinity routes by the replicas' cached prefixes, which only requests carrying
+        block hashes fill (a trace's hash_ids, conversations): without any, it is least
+        outstanding under another name, and the run reports no cache figures."""
+        dep, wl = self.deployment, self.workload
+        if dep.router != "prefix_affinity" or not dep.prefix_caching or wl.conversations is not None:
+            return self
+        fix = ("replay a trace with hash_ids (Mooncake JSONL), use [workload] conversations, or set "
+               "deployment.router = 'least_outstanding'")
+        if wl.replays_trace and wl.trace:
+            try:
+                table = load_trace(wl.trace, wl.trace_format)
+            except ConfigError:
+                return self  # (the trace's own error comes from the deployment's checks)
+            if "hash_ids" in table.columns and bool((table["hash_ids"].str.len() > 0).any()):
+                return self
+            raise ValueError(f"deployment.router 'prefix_affinity' routes by cached prefixes, but the trace "
+                             f"{Path(wl.trace).name} has no hash_ids (no request carries block hashes, so "
+                             f"nothing is cached); {fix}")
+        raise ValueError("deployment.router 'prefix_affinity' routes by cached prefixes, but the workload's requests "
+                         "carry no block hashes (synthetic single-turn requests: nothing is cached); " + fix)
+
     def key(self) -> str:
         """Content hash of the scenario and of the files it reads (traces, efficiency file), for
         caching and resumable sweeps: an edited trace never reuses stale points."""
@@ -750,7 +844,8 @@ class ScenarioSpec(_Strict):
                  self.speculative.draft_model_config if self.speculative else None]
         if isinstance(wl.rate_profile, CsvProfile):
             files.append(wl.rate_profile.file)
-        files += [d.trace for d in (wl.prompt_tokens, wl.output_tokens) if isinstance(d, Empirical)]
+        growth = wl.conversations.growth_tokens if wl.conversations is not None else None
+        files += [d.trace for d in (wl.prompt_tokens, wl.output_tokens, growth) if isinstance(d, Empirical)]
         digests = {f: file_digest(f) for f in files if f}
         data: dict[str, Any] = self.model_dump(mode="json")
         if not data["sim"]["stop_on_slo_fail"]:  # (off: the keys, and the points kept under them, of before it)
