@@ -4,7 +4,9 @@ Reports engine steps per second next to a bare SimPy timeout loop's rate, their 
 output tokens per wall-clock second, wall time and peak memory for two request counts (the
 cost should grow linearly: compare the per-request wall time of the two); and step fusion
 (`[sim] fuse_steps`) on against off on the workloads of issue 12, each run in a forked child so
-its peak memory is its own (docs/PERFORMANCE.md).
+its peak memory is its own (docs/PERFORMANCE.md); and whole processes as a user runs them
+(`process_bench`: `specrack run` of the reference workload, `--help`, `import specrack`, the sweep
+and the plan), side by side with another build's Python when given.
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from importlib import resources
 from typing import Any
@@ -187,7 +194,80 @@ def fusion_bench(names: str = "abc", quick: bool = False, unfused_max_requests: 
     return out
 
 
-def run_bench(quick: bool = False, fusion: str = "") -> dict[str, Any]:
+REFERENCE = "reference-70b.toml"  # Llama-3.1-70B TP4 on 4x H100, Poisson 2 req/s, 512/256 tokens, 20,000 requests
+
+
+def _process(cmd: list[str], cwd: str, env: dict[str, str]) -> tuple[float, float]:
+    """(wall s, CPU s of the process and its children) of one command."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    p = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {(p.stderr.strip().splitlines() or [''])[-1]}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def process_bench(against: str | None = None, repeat: int = 5, long: bool = False) -> dict[str, Any]:
+    """Whole processes as a user runs them, each the median of `repeat` (the sweep and the plan,
+    with `long`, of 2), wall and CPU seconds: `specrack run` of the reference workload (no capacity
+    asked; with `--capacity`, measured anew and read from the capacity cache), `specrack --help`,
+    `python -c "import specrack"`, and with `long` the default sweep and the bundled chat plan
+    (each into a fresh folder). With `against` (another build's Python, e.g. an older checkout's
+    .venv/bin/python) each command is also run there, alternating with this one, and the ratio
+    (theirs / ours) reported. Run from a temporary folder, so each Python imports its own build."""
+    scenario = str(resources.files("experiments") / "scenarios" / REFERENCE)
+    plan = str(resources.files("experiments") / "plans" / "chat-70b.toml")
+    pythons = {"this": sys.executable, **({"against": against} if against else {})}
+    out: dict[str, Any] = {"build": _native.build_label(), "repeat": repeat, "pythons": pythons, "commands": {}}
+    with tempfile.TemporaryDirectory(prefix="specrack-bench-") as tmp:
+        env = {**os.environ, "SPECRACK_CAPACITY_CACHE": os.path.join(tmp, "cache")}
+        env.pop("SPECRACK_PURE", None)  # (the build each Python has)
+        cli = ["-m", "experiments.cli"]
+        cases: list[tuple[str, list[str], int, dict[str, str]]] = [
+            ("run", [*cli, "run", scenario, "--out", os.path.join(tmp, "run")], repeat, env),
+            ("run --capacity (measured)", [*cli, "run", scenario, "--out", os.path.join(tmp, "run"), "--capacity"],
+             repeat, {**env, "SPECRACK_CAPACITY_CACHE": "off"}),
+            ("run --capacity (cached)", [*cli, "run", scenario, "--out", os.path.join(tmp, "run"), "--capacity"],
+             repeat, env),
+            ("--help", [*cli, "--help"], repeat, env),
+            ("import specrack", ["-c", "import specrack"], repeat, env),
+        ]
+        if long:
+            cases += [("sweep", [*cli, "sweep", "--out", os.path.join(tmp, "sweep")], 2, env),
+                      ("plan chat-70b", [*cli, "plan", plan, "--out", os.path.join(tmp, "plan")], 2, env)]
+        for name, args, n, case_env in cases:
+            runs: dict[str, list[tuple[float, float]]] = {k: [] for k in pythons}
+            failed: dict[str, str] = {}
+            for _ in range(n):
+                for who, py in pythons.items():  # alternated: both see the same load
+                    if who in failed:
+                        continue
+                    for folder in ("sweep", "plan"):  # (a fresh folder each time: no resuming)
+                        shutil.rmtree(os.path.join(tmp, folder), ignore_errors=True)
+                    try:
+                        if name == "run --capacity (cached)" and not runs[who]:  # (the cache filled first)
+                            _process([py, *args], tmp, case_env)
+                        runs[who].append(_process([py, *args], tmp, case_env))
+                    except RuntimeError as err:  # (an older build without this option)
+                        failed[who] = str(err)
+            row: dict[str, Any] = {who: {"error": why} for who, why in failed.items()}
+            for who, rs in runs.items():
+                if who not in failed:
+                    row[who] = {"wall_s": statistics.median(r[0] for r in rs),
+                                "cpu_s": statistics.median(r[1] for r in rs), "walls_s": [round(r[0], 3) for r in rs]}
+            if against and not failed:
+                row["ratio_wall"] = row["against"]["wall_s"] / row["this"]["wall_s"]
+                row["ratio_cpu"] = row["against"]["cpu_s"] / row["this"]["cpu_s"]
+            out["commands"][name] = row
+    return out
+
+
+def run_bench(quick: bool = False, fusion: str = "", process: bool = False, against: str | None = None,
+              long: bool = False) -> dict[str, Any]:
+    if process:
+        return process_bench(against, repeat=3 if quick else 5, long=long)
     if fusion:
         return {"build": _native.build_label(), "fusion": fusion_bench(fusion, quick)}
     sizes = (1_000, 10_000) if quick else (10_000, 100_000)

@@ -109,6 +109,8 @@ def build_label() -> str:
     got = compiled_modules()
     if got and len(got) == sum(n in sys.modules for n in COMPILED):
         return "compiled (mypyc)"
+    if not any(n in sys.modules for n in COMPILED) and compiled_ok():  # (none imported yet: those that would be)
+        return "compiled (mypyc)"
     if pure_requested():
         return f"pure Python ({PURE_ENV} set)"
     if _extension(SHARED) is None:

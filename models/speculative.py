@@ -123,8 +123,6 @@ def beta_params(mean: np.ndarray | float, spread: np.ndarray | float) -> tuple[n
 def acceptance_at_quantile(q: np.ndarray, mean: np.ndarray, spread: np.ndarray) -> np.ndarray:
     """Per-request acceptance rates: each class's Beta distribution at the request's own quantile
     q ~ U(0,1) (common random numbers: every method maps the same q). Spread 0 gives the mean."""
-    from scipy import stats
-
     m = np.asarray(mean, dtype=np.float64)
     s = np.asarray(spread, dtype=np.float64)
     q = np.asarray(q, dtype=np.float64)
@@ -138,8 +136,17 @@ def acceptance_at_quantile(q: np.ndarray, mean: np.ndarray, spread: np.ndarray) 
                 out[sel] = _class_ppf(q[sel], pm, ps)
         else:
             a, b = beta_params(m[draw], s[draw])
-            out[draw] = stats.beta.ppf(q[draw], a, b)
+            out[draw] = beta_ppf(q[draw], a, b)
     return np.clip(out, 0.0, 0.999)
+
+
+def beta_ppf(q: np.ndarray, a: np.ndarray | float, b: np.ndarray | float) -> np.ndarray:
+    """The Beta(a, b) quantile function at q, elementwise: `scipy.special.betaincinv`, the Boost
+    `ibeta_inv` that `scipy.stats.beta.ppf` calls, the same values bit for bit (tested), without
+    importing scipy.stats (half a second); 0 at q = 0 and 1 at q = 1."""
+    from scipy.special import betaincinv  # (heavy: loaded only when a spread is drawn)
+
+    return np.asarray(betaincinv(a, b, q), dtype=np.float64)
 
 
 PPF_MEMO_PAIRS = 16  # classes (mean, spread) whose quantile values are kept
@@ -154,8 +161,6 @@ def _class_ppf(q: np.ndarray, mean: float, spread: float) -> np.ndarray:
     numbers), at every load and for every strategy of the same acceptance, and inverting the
     Beta function is most of what a run's set-up costs. Elementwise, so the values are those of
     one call over the whole array."""
-    from scipy import stats
-
     key = (mean, spread)
     hit = _PPF_MEMO.get(key)
     known = np.empty(0)  # the values of a prefix of q already computed
@@ -167,7 +172,7 @@ def _class_ppf(q: np.ndarray, mean: float, spread: float) -> np.ndarray:
                 return cv[: q.size].copy()
             known = cv
     a, b = beta_params(mean, spread)
-    vals = np.concatenate([known, stats.beta.ppf(q[known.size:], a, b)])
+    vals = np.concatenate([known, beta_ppf(q[known.size:], a, b)])
     if q.size <= PPF_MEMO_SIZE:
         if len(_PPF_MEMO) >= PPF_MEMO_PAIRS and key not in _PPF_MEMO:
             _PPF_MEMO.clear()

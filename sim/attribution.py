@@ -42,14 +42,20 @@ def step_shares(steps: pd.DataFrame, t0: float = -math.inf, t1: float = math.inf
     """Shares of the time decoding sequences spent in steps starting in [t0, t1), by what the
     steps did (target, draft, host, stall), each step weighted by its decoding sequences (a
     run-length row counts its every step: its columns hold the run's totals)."""
-    s = steps[(steps.start_s >= t0) & (steps.start_s < t1) & (steps.decode_seqs > 0)]
-    n = s.decode_seqs.to_numpy(np.float64)
-    dur = s.duration_s.to_numpy(np.float64)
-    target = s.target_s.to_numpy(np.float64)
-    draft = s.draft_s.to_numpy(np.float64)
-    host = s.spec_overhead_s.to_numpy(np.float64)
-    single = s["count"].to_numpy() == 1
-    stall = np.where(single, np.maximum(s.chunk_gap_s.to_numpy(np.float64) - dur, 0.0), 0.0)
+    start = steps.start_s.to_numpy(np.float64)
+    seqs = steps.decode_seqs.to_numpy()
+    keep = (start >= t0) & (start < t1) & (seqs > 0)
+
+    def col(name: str) -> np.ndarray:  # (only the columns used, only the rows kept: no copy of the table)
+        return steps[name].to_numpy(np.float64)[keep]
+
+    n = seqs[keep].astype(np.float64)
+    dur = col("duration_s")
+    target = col("target_s")
+    draft = col("draft_s")
+    host = col("spec_overhead_s")
+    single = steps["count"].to_numpy()[keep] == 1
+    stall = np.where(single, np.maximum(col("chunk_gap_s") - dur, 0.0), 0.0)
     # what the step's time holds beyond its priced parts (none today; kept so shares sum to 1)
     rest = np.maximum(dur - target - draft - host, 0.0)
     # math.fsum: exactly rounded, so the same steps give the same bits whatever their memory layout
@@ -62,24 +68,30 @@ def step_shares(steps: pd.DataFrame, t0: float = -math.inf, t1: float = math.inf
 
 
 def latency_parts(requests: pd.DataFrame, steps: pd.DataFrame, metric: str = "tpot", t0: float = -math.inf,
-                  t1: float = math.inf) -> dict[str, float]:
+                  t1: float = math.inf, shares: dict[str, float] | None = None) -> dict[str, float]:
     """The mean `metric` ("tpot": time per output token; "e2e": end-to-end latency) of the
     requests that arrived in [t0, t1) and completed, split into PARTS (seconds; they sum to the
-    mean). NaN parts when no request qualifies."""
+    mean). NaN parts when no request qualifies. `shares`: `step_shares(steps, t0, t1)` when
+    already computed (a run's summary splits both metrics over the same steps)."""
     if metric not in METRICS:
         raise ValueError(f"latency_parts: metric must be one of {METRICS}, got {metric!r}")
-    r = requests[(requests.arrival_s >= t0) & (requests.arrival_s < t1) & requests.completion_s.notna()]
+    arrival = requests.arrival_s.to_numpy(np.float64)
+    completion = requests.completion_s.to_numpy(np.float64)
+    keep = (arrival >= t0) & (arrival < t1) & ~np.isnan(completion)
+    out_tok = requests.output_tokens.to_numpy()
     if metric == "tpot":
-        r = r[r.output_tokens > 1]
-    if r.empty:
+        keep &= out_tok > 1
+    if not keep.any():
         return dict.fromkeys(PARTS, math.nan)
-    ttft = (r.first_token_s - r.arrival_s).to_numpy(np.float64)
-    decode = (r.completion_s - r.first_token_s).to_numpy(np.float64)
+    first = requests.first_token_s.to_numpy(np.float64)[keep]
+    ttft = first - arrival[keep]
+    decode = completion[keep] - first
     if metric == "tpot":
-        queue, dec = 0.0, float(np.mean(decode / (r.output_tokens.to_numpy(np.float64) - 1.0)))
+        queue, dec = 0.0, float(np.mean(decode / (out_tok[keep].astype(np.float64) - 1.0)))
     else:
         queue, dec = float(ttft.mean()), float(decode.mean())
-    shares = step_shares(steps, t0, t1)
+    if shares is None:
+        shares = step_shares(steps, t0, t1)
     return {"queue": queue, **{k: dec * v for k, v in shares.items()}}
 
 

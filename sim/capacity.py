@@ -34,12 +34,20 @@ A100-80GB ran stable for 3000 s at 1.07x its full-load figure, half its peak).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import hashlib
 import json
+import os
+import platform
 from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import simpy
 
 from models.memory import BLOCK_SIZE
 from sim.deployment import ReplicaRuntime, build_runtime, check_fits, gpus_per_replica
@@ -238,24 +246,156 @@ def measure_capacity(sc: Scenario, seed: int) -> Capacity:
 
 
 def capacity_key(sc: Scenario, *, speculative: bool = False) -> str:
-    """What a capacity depends on: rack, deployment, speculation (unless off), length mix, seed."""
+    """What a capacity depends on: rack, deployment, speculation (unless off), the request mix
+    (lengths, trace, classes, conversations), the seed, and `[sim] draft_kv_free`. (What the
+    measurement sets itself, the rate, the number of requests and the arrival process of a
+    closed loop, is left out; conversations and draft_kv_free only when set, so the keys of
+    capacities kept before they were added stay the same.)"""
     base = sc if speculative else baseline_of(sc)
     dump = base.model_dump(mode="json")
     wl = base.workload.model_dump(mode="json", include={"prompt_tokens", "output_tokens", "arrival", "trace", "trace_format",
-                                                        "trace_start_s", "trace_end_s", "classes"})
+                                                        "trace_start_s", "trace_end_s", "classes", "conversations"})
+    if wl["conversations"] is None:
+        del wl["conversations"]
+    extra = {"draft_kv_free": True} if base.sim.draft_kv_free else {}
     return json.dumps({**{k: dump[k] for k in ("rack", "deployment", "speculative", "seed")}, "workload": wl,
-                       "method": METHOD_VERSION}, sort_keys=True)
+                       "method": METHOD_VERSION, **extra}, sort_keys=True)
+
+
+CACHE_ENV = "SPECRACK_CAPACITY_CACHE"  # a folder for the capacity cache, or "off"
+CACHE_OFF = ("off", "0", "false", "no", "none")
+
+
+def default_cache_dir() -> Path | None:
+    """Where `specrack run` and `specrack capacity` keep measured capacities between runs:
+    $SPECRACK_CAPACITY_CACHE (`off` for none), else $XDG_CACHE_HOME/specrack/capacity, else
+    ~/.cache/specrack/capacity."""
+    env = os.environ.get(CACHE_ENV, "").strip()
+    if env.lower() in CACHE_OFF:
+        return None
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(base) if base else Path.home() / ".cache") / "specrack" / "capacity"
+
+
+@functools.cache
+def _code_digest() -> str:
+    """SHA-256 of the simulator's sources (models/ and sim/): any change to the engine, a cost
+    model, a catalogue or an engine profile is a new digest."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for folder in ("models", "sim"):
+        for f in sorted((root / folder).glob("*.py")):
+            h.update(f"{folder}/{f.name}\0".encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _versions() -> dict[str, str]:
+    """The versions a measurement's numbers may depend on (random streams, special functions)."""
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "?"
+
+    return {"python": platform.python_version(), "numpy": np.__version__, "pandas": pd.__version__,
+            "simpy": simpy.__version__, "scipy": version("scipy")}
+
+
+def _file_digests(value: object, out: dict[str, str]) -> None:
+    """The SHA-256 of every existing file a scenario's values name (a trace, a model's
+    config.json, an efficiency file), into `out` by path: a capacity depends on their content."""
+    if isinstance(value, dict):
+        for v in value.values():
+            _file_digests(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _file_digests(v, out)
+    elif isinstance(value, str) and value not in out and len(value) < 4096:
+        p = Path(value)
+        try:
+            if p.is_file():
+                out[value] = hashlib.sha256(p.read_bytes()).hexdigest()
+        except OSError:  # (not a path this system can name)
+            pass
+
+
+def cache_digest(key: str) -> str:
+    """The capacity cache's name for `capacity_key`'s key: a hash of the key (the scenario content a
+    capacity depends on), the content of the files it names, the simulator's sources and the
+    versions of Python and the numeric libraries, so an entry is never read by a run it would
+    not be measured the same for."""
+    files: dict[str, str] = {}
+    _file_digests(json.loads(key), files)
+    blob = json.dumps({"key": key, "files": files, "code": _code_digest(), "versions": _versions()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def capacity_to_json(cap: Capacity) -> dict[str, object]:
+    return {f.name: getattr(cap, f.name) for f in dataclasses.fields(cap)}
+
+
+def capacity_from_json(d: dict[str, object]) -> Capacity:
+    curve = d.get("curve", ())
+    assert isinstance(curve, list | tuple)
+    return Capacity(**{**d, "curve": tuple(tuple(r) for r in curve)})  # type: ignore[arg-type]
 
 
 class CapacityStore:
     """Capacities measured so far, by `capacity_key`: refined capacities, and ladders whose
     collapse is not refined yet (their peak, an upper bound). A measurement is a pure function
     of its key, so a store only saves time; whoever runs many scenarios (a sweep, a plan) owns
-    one and passes it where capacities are needed (`capacity_for`)."""
+    one and passes it where capacities are needed (`capacity_for`).
 
-    def __init__(self) -> None:
+    With `folder` the refined capacities are also kept on disk, one JSON file per `cache_digest`
+    (what `specrack run` and `specrack capacity` do: `default_cache_dir`), so the next process
+    reuses them. A file that cannot be read is measured anew; `write_error` says why a file could
+    not be written (the run goes on)."""
+
+    def __init__(self, folder: str | Path | None = None) -> None:
         self.capacities: dict[str, Capacity] = {}
         self.ladders: dict[str, Capacity] = {}
+        self.folder = None if folder is None else Path(folder)
+        self.write_error: str | None = None
+        self.disk_hits = 0  # capacities read from the folder
+        self._digests: dict[str, str] = {}
+
+    def _path(self, key: str) -> Path:
+        assert self.folder is not None
+        if key not in self._digests:
+            self._digests[key] = cache_digest(key)
+        return self.folder / f"{self._digests[key]}.json"
+
+    def _from_disk(self, key: str) -> Capacity | None:
+        if self.folder is None:
+            return None
+        path = self._path(key)
+        try:
+            entry = json.loads(path.read_text())
+            if entry.get("key") != key:
+                return None
+            cap = capacity_from_json(entry["capacity"])
+        except (OSError, ValueError, TypeError, KeyError, AssertionError):  # absent or unreadable: measured anew
+            return None
+        self.capacities[key] = cap
+        self.disk_hits += 1
+        return cap
+
+    def _to_disk(self, key: str, cap: Capacity) -> None:
+        if self.folder is None:
+            return
+        path = self._path(key)
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({"key": key, "capacity": capacity_to_json(cap)}))
+            os.replace(tmp, path)  # (atomic: a reader sees the whole file or none)
+        except OSError as err:
+            self.write_error = f"{err.strerror or err}: {err.filename or self.folder}"
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
 
     def ladder(self, sc: Scenario, *, speculative: bool = False) -> Capacity:
         """`measure_ladder` of the deployment (speculation off unless `speculative`): the capacity
@@ -264,6 +404,9 @@ class CapacityStore:
         if key in self.capacities:
             return self.capacities[key]
         if key not in self.ladders:
+            cap = self._from_disk(key)
+            if cap is not None:
+                return cap
             base = sc if speculative else baseline_of(sc)
             self.ladders[key] = measure_ladder(base, base.seed)
         return self.ladders[key]
@@ -272,9 +415,10 @@ class CapacityStore:
         """Capacity of the scenario's deployment with speculation off (the reference that
         `utilisation` is relative to), or as given with `speculative=True` (its ladder kept too)."""
         key = capacity_key(sc, speculative=speculative)
-        if key not in self.capacities:
+        if key not in self.capacities and self._from_disk(key) is None:
             base = sc if speculative else baseline_of(sc)
             self.capacities[key] = refine(base, base.seed, self.ladder(sc, speculative=speculative))
+            self._to_disk(key, self.capacities[key])
         return self.capacities[key]
 
     def remember(self, key: str, cap: Capacity, *, is_ladder: bool = False) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from models.catalog import get_model, get_weight_format, peak_flops, weight_bytes
-from sim.attribution import METRICS, latency_parts
+from sim.attribution import METRICS, latency_parts, step_shares
 from sim.capacity import (
     Capacity,
     CapacityStore,
@@ -85,10 +85,12 @@ class Result:
         """Write requests.parquet, steps.parquet, summary.json and intervals.parquet/.csv into `out`."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        self.requests.to_parquet(out / "requests.parquet", index=False)
-        self.steps.to_parquet(out / "steps.parquet", index=False)
+        # plain encoding: dictionary encoding (the default) takes twice the time for about as big a
+        # file (float columns of distinct values; docs/PERFORMANCE.md, "What a run costs")
+        self.requests.to_parquet(out / "requests.parquet", index=False, use_dictionary=False)
+        self.steps.to_parquet(out / "steps.parquet", index=False, use_dictionary=False)
         if self.intervals is not None:
-            self.intervals.to_parquet(out / "intervals.parquet", index=False)
+            self.intervals.to_parquet(out / "intervals.parquet", index=False, use_dictionary=False)
             self.intervals.to_csv(out / "intervals.csv", index=False)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, default=_json_default))
         return out
@@ -251,7 +253,8 @@ def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop
     # vllm bench serve's figures, computed as its script does: over the whole run, no warm-up
     bench = {**bench_metrics(req, steps), "max_concurrency": clients,
              "request_rate": rate if rate is not None and not wl.closed else float("inf")}
-    parts = {m: latency_parts(req, steps, m, warm, end_s) for m in METRICS}
+    shares = step_shares(steps, warm, end_s)  # (the same steps split both metrics)
+    parts = {m: latency_parts(req, steps, m, warm, end_s, shares) for m in METRICS}
     return assemble({
         "throughput": tp,
         "parts": {"latency_parts": parts},

@@ -15,6 +15,9 @@ import pytest
 # the engine's modules as source, also where they are compiled (models/_native.py): tests patch
 # their methods, which compiled classes do not allow; tests/test_native.py runs both builds
 os.environ["SPECRACK_PURE"] = "1"
+# no capacity cache on disk (sim.capacity.default_cache_dir): tests patch the engine, and a capacity
+# measured under a patch must not be read by another run; a test that checks the cache names a folder
+os.environ["SPECRACK_CAPACITY_CACHE"] = "off"
 
 from sim.scenario import Scenario, load_scenario, scenario_from_dict
 

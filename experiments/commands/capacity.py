@@ -4,21 +4,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from experiments.commands.common import load, scenario_parser
+from sim.capacity import CACHE_ENV, CapacityStore, default_cache_dir
 from sim.simulate import capacity_summary
 
 
 def add_parser(sub: Any, name: str, summary: str) -> None:
     s = scenario_parser(sub, name, summary)
     s.add_argument("--json", action="store_true")
+    s.add_argument("--no-cache", action="store_true",
+                   help="measure anew, neither reading nor writing the capacity cache "
+                        "($SPECRACK_CAPACITY_CACHE; default ~/.cache/specrack/capacity)")
     s.set_defaults(fn=run)
 
 
 def run(a: argparse.Namespace) -> int:
     sc = load(a)
-    out = {"scenario": sc.name, **capacity_summary(sc)}
+    store = CapacityStore(None if a.no_cache else default_cache_dir())
+    out = {"scenario": sc.name, **capacity_summary(sc, store)}
+    if store.write_error is not None:
+        print(f"specrack: note: capacity not cached ({store.write_error}); set {CACHE_ENV} to a writable folder, "
+              "or to off", file=sys.stderr)
     if a.json:
         print(json.dumps(out, indent=2))
         return 0

@@ -10,10 +10,9 @@ from typing import Any
 import numpy as np
 
 from experiments.commands.common import load, rejected_line, scenario_parser
-from experiments.report import timeseries_chart
 from experiments.why import LIGHT_UTILISATION, why_lines, why_speedup
 from models.errors import ConfigError
-from sim.capacity import CapacityStore
+from sim.capacity import CACHE_ENV, CapacityStore, default_cache_dir, needs_capacity
 from sim.metrics import expand_steps
 from sim.scenario import Scenario
 from sim.simulate import capacity_for, simulate
@@ -24,6 +23,14 @@ def add_parser(sub: Any, name: str, summary: str) -> None:
     s.add_argument("--out", default="results/run")
     s.add_argument("--steps", choices=("runs", "full"), default="runs",
                    help="steps.parquet: fused decode runs as one run-length row each (default), or one row per step")
+    s.add_argument("--capacity", action="store_true",
+                   help="also measure the deployment's capacity (and with [speculative] its capacity with "
+                        "speculation) and report it; on when the load is a utilisation")
+    s.add_argument("--chart", action="store_true",
+                   help="also write intervals.html, the run over time (on when the scenario sets [sim] interval_s)")
+    s.add_argument("--no-cache", action="store_true",
+                   help="measure capacities anew, neither reading nor writing the capacity cache "
+                        "($SPECRACK_CAPACITY_CACHE; default ~/.cache/specrack/capacity)")
     s.add_argument("--why", nargs="?", type=float, const=LIGHT_UTILISATION, default=None, metavar="LIGHT",
                    help="with [speculative]: why the TPOT speedup here differs from the one at a light load "
                         f"(utilisation LIGHT, default {LIGHT_UTILISATION:g}): 3-4 more runs")
@@ -39,9 +46,11 @@ def run(a: argparse.Namespace) -> int:
         raise ConfigError("--why explains a speculative speedup; the scenario has no [speculative] section")
     if a.why is not None and not 0 < a.why < 1:
         raise ConfigError(f"--why {a.why:g}: the light load is a utilisation in (0, 1); try --why 0.1")
-    store = CapacityStore()
-    res = simulate(sc, a.seed, capacity=capacity_for(sc, with_capacity=True, store=store), progress=True,
-                   with_capacity=True)
+    store = CapacityStore(None if a.no_cache else default_cache_dir())
+    # the capacity is measured (or read from the cache) when the run needs it or it was asked for
+    with_capacity = a.capacity or needs_capacity(sc) is not None
+    res = simulate(sc, a.seed, capacity=capacity_for(sc, with_capacity=with_capacity, store=store), progress=True,
+                   with_capacity=with_capacity)
     if a.steps == "full":  # one row per engine step: fused runs of decode steps expanded
         res = dataclasses.replace(res, steps=expand_steps(res.steps))
     out = res.write(a.out)
@@ -58,8 +67,9 @@ def run(a: argparse.Namespace) -> int:
     note = window_note(sc, s, res.requests.arrival_s.to_numpy())
     if note:
         print(note)
-    print(f"  capacity {s['capacity_rps']:.2f} req/s" + (f", with speculation {s['speculative_capacity_rps']:.2f}"
-                                                        if "speculative_capacity_rps" in s else ""))
+    if "capacity_rps" in s:
+        print(f"  capacity {s['capacity_rps']:.2f} req/s" + (f", with speculation {s['speculative_capacity_rps']:.2f}"
+                                                            if "speculative_capacity_rps" in s else ""))
     if "cache_hit_rate" in s:  # prefix caching acted (requests carry block hashes)
         print(cache_line(s))
     if s["loop"] != "open":
@@ -73,12 +83,21 @@ def run(a: argparse.Namespace) -> int:
         for line in why_lines(why_speedup(sc, res, a.seed, a.why, store)):
             print(line)
     iv = res.intervals
-    if iv is not None and len(iv) > 1:  # the run over time: intervals.csv/.parquet and a time-series chart
-        timeseries_chart(iv).write_html(out / "intervals.html", include_plotlyjs="inline")
+    if iv is not None and len(iv) > 1:  # the run over time: intervals.csv/.parquet, and a chart when asked
+        chart = a.chart or "interval_s" in sc.sim.model_fields_set
+        if chart:
+            from experiments.report import timeseries_chart  # (plotly: loaded only for the chart)
+
+            timeseries_chart(iv).write_html(out / "intervals.html", include_plotlyjs="inline")
         met = float(iv.slo_met.mean())
         print(f"  {len(iv)} intervals of {sc.sim.interval_s:g} s ({met:.0%} meet the SLO): replicas peak "
               f"{s['replicas_peak']}, mean {s['replicas_mean']:.2f}, {s['gpu_hours']:.1f} GPU-hours "
-              f"({s['gpu_hours_per_day']:.0f} per day) -> {out / 'intervals.html'}")
+              f"({s['gpu_hours_per_day']:.0f} per day) -> {out / ('intervals.html' if chart else 'intervals.csv')}")
+    elif a.chart:
+        print(f"  no intervals.html: the run spans one interval of {sc.sim.interval_s:g} s; set a shorter "
+              "[sim] interval_s (--set sim.interval_s=60) to chart it over time")
+    if store.write_error is not None:
+        print(f"  note: capacity not cached ({store.write_error}); set {CACHE_ENV} to a writable folder, or to off")
     return 0
 
 
