@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.deployment import build_runtime, rejection_reason
+from sim.deployment import build_runtime, rejection_fix, rejection_reason
 from sim.scenario import Scenario
 
 REJECTED_WARN = 0.01  # a plan says so in one line when a run rejects more than this share of its requests
@@ -186,13 +186,6 @@ def rejection_columns(sm: dict[str, Any], one: Scenario) -> dict[str, Any]:
     if n and not out["rejected_reason"]:  # a summary stored before the run gave its reason
         out["rejected_reason"] = rejection_reason(build_runtime(one))
     return out
-
-
-def rejection_fix(reason: str) -> str:
-    if "KV cache" in reason:
-        return ("give the KV cache more room (more GPUs per replica, fp8 KV cache, higher gpu_memory_utilization) "
-                "or cap the lengths (the workload's prompt_tokens / output_tokens max)")
-    return "cap the lengths (the workload's prompt_tokens / output_tokens max, fewer turns per conversation)"
 
 
 def rejection_line(plan: pd.DataFrame) -> str:

@@ -396,6 +396,15 @@ def rejection_reason(rt: ReplicaRuntime) -> str:
     return f"prompt + output longer than max_model_len = {rt.max_model_len:,} tokens ({bound})"
 
 
+def rejection_fix(reason: str) -> str:
+    """What serves the rejected requests of a `rejection_reason`: room in the KV cache where it
+    is the bound, else shorter requests."""
+    if "KV cache" in reason:
+        return ("give the KV cache more room (more GPUs per replica, fp8 KV cache, higher gpu_memory_utilization) "
+                "or cap the lengths (the workload's prompt_tokens / output_tokens max, or drop those rows)")
+    return "cap the lengths (the workload's prompt_tokens / output_tokens max, fewer turns per conversation, or drop those rows)"
+
+
 def fits(rt: ReplicaRuntime, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
     """Which requests the deployment accepts (prompt + output <= max_model_len), as vLLM admits."""
     return (np.asarray(prompt, dtype=np.int64) + np.asarray(output, dtype=np.int64)) <= rt.max_model_len

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from sim.deployment import rejection_fix
 from sim.scenario import Scenario, load_scenario, parse_set
 
 
@@ -42,7 +43,5 @@ def rejected_line(rejected: int, share: float, reason: str, lines: str = "") -> 
     total = round(rejected / share) if share > 0 else rejected
     head = "WARNING: " if share > REJECT_WARN_SHARE else ""
     where = f"; trace lines {lines}" if lines else ""
-    fix = ("give the KV cache more room (more GPUs per replica, fp8 KV, higher gpu_memory_utilization) or cap the "
-           "lengths" if "KV cache" in reason else "cap the lengths to the model's context")
     return (f"  {head}{rejected:,} of {total:,} requests ({share:.1%}) rejected, {reason}{where}: counted as offered, "
-            f"never served, in no latency; to serve them, {fix} (the length distribution's max, or drop those rows)")
+            f"never served, in no latency; to serve them, {rejection_fix(reason)}")
