@@ -328,3 +328,48 @@ def peak_flops(gpu: GPU, weights: WeightFormat) -> float:
     if weights.compute == "fp4" and gpu.fp4_flops is not None:
         return gpu.fp4_flops
     return gpu.bf16_flops
+
+
+@dataclass(frozen=True)
+class Link:
+    """A fabric that carries KV from a prefill replica to a decode replica (disaggregated serving):
+    bandwidth per GPU in one direction (each GPU of a tensor-parallel group sends its own KV shard
+    over its own port) and the one-way latency of one transfer."""
+
+    name: str
+    bytes_s_per_gpu: float
+    latency_s: float
+    source: str
+
+
+# Bandwidth: the port's line rate (a user override, disaggregation.link_gbps, takes an achieved
+# figure: Mooncake's transfer engine measured 87 GB/s over 4 x 200 Gb/s and 190 GB/s over 8 x 400 Gb/s
+# RoCE, kvcache-ai/Mooncake README). Latency: one RDMA write's one-way latency; ib_send_lat measures
+# 0.8 us at 32 B to 4.6 us at 32 KB (RC transport). No published figure gives NIXL's per-transfer
+# software overhead: set disaggregation.link_latency_us where it was measured.
+_DGX_NIC = ("one single-port ConnectX-7 per GPU, up to 400 Gb/s InfiniBand or 400GbE (DGX H100/H200: "
+            "docs.nvidia.com/dgx-basepod core components; DGX B200 user guide)")
+LINKS: dict[str, Link] = {
+    lk.name: lk
+    for lk in (
+        Link("nvlink-3", 300e9, 2e-6, "A100 SXM: NVLink 3, 600 GB/s per GPU both directions (shared/reference/hardware.csv); "
+             "one direction 300 GB/s; within one node only"),
+        Link("nvlink-4", 450e9, 2e-6, "H100/H200 SXM: NVLink 4, 900 GB/s per GPU both directions (shared/reference/hardware.csv); "
+             "one direction 450 GB/s; within one node only"),
+        Link("nvlink-5", 900e9, 2e-6, "B200: NVLink 5, 1.8 TB/s per GPU both directions (shared/reference/hardware.csv); "
+             "one direction 900 GB/s; within one node only"),
+        Link("infiniband-hdr", 25e9, 5e-6, "DGX A100: one ConnectX-6 HDR 200 Gb/s port per GPU (DGX A100 launch coverage); "
+             "200 Gb/s = 25 GB/s one direction"),
+        Link("infiniband-ndr", 50e9, 5e-6, f"InfiniBand NDR: {_DGX_NIC}; 400 Gb/s = 50 GB/s one direction"),
+        Link("roce-400", 50e9, 10e-6, f"400GbE RoCE v2: {_DGX_NIC}; 50 GB/s one direction; Ethernet switching adds "
+             "latency over InfiniBand"),
+        Link("ethernet-100", 12.5e9, 20e-6, "one 100 GbE port per GPU (TCP or RoCE): a modest cloud fabric"),
+    )
+}
+
+
+def get_link(name: str) -> Link:
+    try:
+        return LINKS[name.lower()]
+    except KeyError:
+        raise unknown("link", name, tuple(LINKS)) from None

@@ -50,7 +50,7 @@ import pandas as pd
 import simpy
 
 from models.memory import BLOCK_SIZE
-from sim.deployment import ReplicaRuntime, build_runtime, check_fits, gpus_per_replica
+from sim.deployment import ReplicaRuntime, build_runtime, check_fits, gpus_per_replica, prefill_pool
 from sim.deployment import fits as request_fits
 from sim.run import run_table
 from sim.scenario import Scenario
@@ -109,9 +109,16 @@ class Capacity:
 
 def baseline_of(sc: Scenario) -> Scenario:
     """The same deployment with speculation off, on as many replicas: what `utilisation` is
-    relative to. A dedicated draft's GPUs are left out of the rack (each replica keeps its
+    relative to (a disaggregated rack's: the aggregated rack on its GPUs). A dedicated draft's GPUs are left out of the rack (each replica keeps its
     tensor-parallel GPUs), so any whole number of (TP + draft GPUs) replicas has its reference."""
     spec = sc.speculative
+    if sc.disaggregation is not None:
+        # the aggregated rack on as many GPUs (of the decode pool's type, at its tensor parallelism),
+        # speculation off: what aggregated and disaggregated racks of one GPU budget are offered
+        tp = sc.deployment.tensor_parallel
+        total = sc.rack.num_gpus + prefill_pool(sc).rack.num_gpus
+        return sc.with_overrides({"disaggregation": None, "speculative": None, "rack.num_gpus": total // tp * tp,
+                                  "rack.allow_idle_gpus": False})
     if spec is None:
         return sc
     over: dict[str, object] = {"speculative": None}
@@ -201,6 +208,10 @@ def measure_ladder(sc: Scenario, seed: int) -> Capacity:
     Measured on one replica and multiplied by the replica count: at saturation the router keeps
     every replica's batch full, and below it least-outstanding routing splits the population
     evenly (round-robin nearly so), so the rack's X(N) is R x one replica's X(N/R)."""
+    if sc.disaggregation is not None:
+        raise ValueError(f"{sc.name}: the capacity of a disaggregated rack is not measured (a closed-loop ladder runs "
+                         "one aggregated engine); offer it a rate (workload.rate_rps) or a utilisation of the "
+                         "aggregated rack on its GPUs (workload.utilisation), and drop --capacity")
     one, reps = one_replica(sc)
     rt = build_runtime(one)
     ladder = LADDER if sc.speculative is not None else LADDER_PLAIN

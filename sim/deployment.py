@@ -17,7 +17,7 @@ from models.hf_config import load_config
 from models.memory import MemoryPlan, plan_memory
 from models.quality import Retraining, default_retrain_gpu_hours, distill_quality, quant_quality
 from models.speculative import DraftShape, depth_factors
-from sim.schema import Empirical, Fixed, LogNormal, ScenarioSpec
+from sim.schema import Empirical, Fixed, LogNormal, Rack, ScenarioSpec
 from sim.traces import empirical_lengths, load_rate_csv, load_trace, trace_rate_rps
 
 MAX_MODEL_LEN = 131072  # Llama-3.1 / Qwen2.5 context length; requests longer are rejected
@@ -217,6 +217,52 @@ def gpus_per_replica(sc: ScenarioSpec) -> int:
     return sc.deployment.tensor_parallel + draft
 
 
+def prefill_pool(sc: ScenarioSpec) -> ScenarioSpec:
+    """A disaggregated scenario's prefill pool as a scenario of its own: its replicas of the same
+    model, formats and engine at their tensor parallelism on their GPU. It carries the
+    [speculative] table when the draft's prefill runs there (`draft_prefill = "transfer"` and a
+    draft with KV of its own), so that its steps price the draft's prefill and hold its weights."""
+    dis = sc.disaggregation
+    assert dis is not None
+    gpu = dis.prefill_gpu or sc.rack.gpu
+    tp = dis.prefill_tensor_parallel or sc.deployment.tensor_parallel
+    spec = sc.speculative if dis.draft_prefill != "recompute" and _draft_model(sc) is not None else None
+    price = dis.prefill_usd_per_gpu_hour
+    if price is None and gpu == sc.rack.gpu:
+        price = sc.rack.usd_per_gpu_hour
+    dep = sc.deployment.model_copy(update={"tensor_parallel": tp})
+    draft = spec.draft_gpus if spec is not None and spec.placement == "dedicated" else 0
+    rack = Rack(gpu=gpu, num_gpus=dis.prefill_replicas * (tp + draft), usd_per_gpu_hour=price)
+    return sc.model_copy(update={"rack": rack, "deployment": dep, "speculative": spec, "disaggregation": None,
+                                 "autoscale": None})
+
+
+def check_disaggregation(sc: ScenarioSpec) -> None:
+    """What a disaggregated scenario cannot be: the pools are run one after the other (the prefill
+    pool, the transfers, then the decode pool), so nothing may react to a completion across them."""
+    dis = sc.disaggregation
+    if dis is None:
+        return
+    wl = sc.workload
+    if wl.closed or wl.max_concurrency is not None:
+        raise ValueError("disaggregation: runs an open-loop stream (poisson, gamma or a trace at its own timing); "
+                         "closed loops and max_concurrency send on completions across both pools: remove them")
+    if sc.autoscale is not None:
+        raise ValueError("disaggregation: each pool has a fixed replica count (prefill_replicas, rack.num_gpus); "
+                         "remove [autoscale]")
+    spec = sc.speculative
+    if spec is not None and spec.policy == "follow_load":
+        raise ValueError("disaggregation: speculation policy 'follow_load' switches on the aggregated rack's load; "
+                         "use policy 'fixed', 'disable_above_batch' or 'adaptive'")
+    if dis.draft_prefill is not None and _draft_model(sc) is None:
+        what = "no [speculative] table" if spec is None else f"method '{spec.method}' has no draft model"
+        raise ValueError(f"disaggregation.draft_prefill: {what}, so there is no draft prefill to place; remove it")
+    try:
+        check_scenario(prefill_pool(sc))
+    except ValueError as err:
+        raise ValueError(f"disaggregation (the prefill pool: prefill_gpu, prefill_tensor_parallel): {err}") from None
+
+
 def check_scenario(sc: ScenarioSpec) -> None:
     """Cross-field checks that need the catalogues; raises ValueError (shown with its field)."""
     dep = sc.deployment
@@ -335,6 +381,7 @@ def check_scenario(sc: ScenarioSpec) -> None:
         teacher = get_model(dep.distilled_from)
         if teacher.params_total <= target.params_total:
             raise ValueError(f"deployment.distilled_from '{teacher.name}' must be larger than the student '{target.name}'")
+    check_disaggregation(sc)
     # memory must fit (a ConfigError with the shortfall)
     try:
         rt = build_runtime(sc)

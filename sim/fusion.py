@@ -169,8 +169,8 @@ def can_absorb(rep: ReplicaState) -> bool:
     planning that costs as much as the ordinary step it replaces (measured: the default mix on
     two replicas 25% slower), so least outstanding keeps `plan_run`."""
     fb = rep.fuse
-    if fb is None or rep.rt.prefill == "separate":
-        return False
+    if fb is None or rep.rt.prefill == "separate" or rep.reqs.preloaded is not None:
+        return False  # (an admission with transferred KV: the ordinary step's rule, `step.preload_blocks`)
     loop = rep.reqs.closed
     if not fb.arrivals:  # a closed loop of one replica: the run plans the sends (`SendFeed`)
         return loop is not None and rep.cache is None

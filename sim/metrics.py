@@ -565,7 +565,7 @@ class SloWatch:
 
 
 def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s: float, replicas: int,
-              gpus_per_replica: int, peak_flops: float, mem_bw: float, slo: dict[str, float],
+              gpus_per_replica: float, peak_flops: float, mem_bw: float, slo: dict[str, float],
               busy_scale: float | None = None, rejected_arrival_s: np.ndarray | None = None) -> dict[str, Any]:
     """The latency and throughput section of a run's summary (see docs/METRICS.md for every
     formula): latencies, throughput, goodput, GPU busy share, MFU and HBM bandwidth use, batch,
@@ -782,7 +782,7 @@ INTERVAL_PERCENTILES = ("mean", "p50", "p90", "p99")
 
 
 def intervals(req: pd.DataFrame, steps: pd.DataFrame, *, interval_s: float, end_s: float, replicas: int,
-              gpus_per_replica: int, timeline: list[tuple[float, int, int]] | None = None,
+              gpus_per_replica: float, timeline: list[tuple[float, int, int]] | None = None,
               replica_capacity_rps: float = float("nan"), slo: dict[str, float] | None = None) -> pd.DataFrame:
     """One row per interval [k interval_s, (k + 1) interval_s) of [0, end_s) (docs/METRICS.md,
     'Intervals'): request latencies of the requests arriving in it, ITL, throughput and busy time

@@ -145,6 +145,16 @@ class StepPricer:
                                               ctx_dec + n_dec * 2 / 2.0 + pre_pairs)
         return total, flops * cost.tp, nbytes * cost.tp
 
+    def draft_prefill(self, n_pre: int, tokens: float, ctx: float, pairs: float) -> tuple[float, float, float]:
+        """(seconds, FLOPs, bytes) of the draft's prefill of `tokens` prompt tokens of `n_pre`
+        sequences (context sum `ctx`, attention pairs `pairs`: `step.prefill_sums`), over the
+        draft's GPUs; no step overhead of its own (it runs inside the target's step)."""
+        spec = self.rt.spec
+        assert spec is not None and spec.draft_cost is not None
+        dc = spec.draft_cost
+        d = dc.step_sums(n_pre, tokens, ctx, pairs, step_overhead=False)
+        return d.total_s, d.flops * dc.tp, d.bytes * dc.tp
+
     def spec_cost(self, n_dec: int, ctx_dec: float, k: int, n_pre: int, pre_tokens: float,
                    pre_ctx: float, pre_pairs: float,
                    plan: VerifyPlan | None = None) -> tuple[float, float, float, float, float, float]:
@@ -190,10 +200,10 @@ class StepPricer:
                     flops += k * d_f * dc.tp
                     nbytes += k * d_b * dc.tp
                 if pre_tokens and spec.method != "self_spec":  # a self-draft's prefill is the target's own
-                    d = dc.step_sums(n_pre, pre_tokens, pre_ctx, pre_pairs, step_overhead=False)
-                    draft_s += d.total_s
-                    flops += d.flops * dc.tp
-                    nbytes += d.bytes * dc.tp
+                    d_s, d_f, d_b = self.draft_prefill(n_pre, pre_tokens, pre_ctx, pre_pairs)
+                    draft_s += d_s
+                    flops += d_f
+                    nbytes += d_b
             if n_dec and self.speculating:  # follow_load switched off: the plain decode path
                 # the machinery (proposer, rejection sampler, bookkeeping) runs on every decoding
                 # step of a speculation-enabled engine, also when k = 0. vLLM issue 49548 measured

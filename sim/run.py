@@ -298,6 +298,11 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     cls = table.cls.to_numpy()
     acc = acceptance_at_quantile(table.accept_q.to_numpy(), means[cls], spreads[cls])
     reqs = Requests(arrival, table.prompt_tokens.to_numpy(np.int64), table.output_tokens.to_numpy(np.int64), acc)
+    preloaded = None
+    if "preloaded_tokens" in table.columns:  # a disaggregated decode pool's requests (sim/disagg.py)
+        preloaded = reqs.preloaded = table.preloaded_tokens.to_numpy(np.int64).copy()
+        if "draft_prefill_tokens" in table.columns:
+            reqs.draft_pending = table.draft_prefill_tokens.to_numpy(np.int64).copy()
     if sc.speculative is not None and sc.speculative.method == "suffix":  # per-request match probability
         reqs.match = np.array([c.suffix_match or 0.0 for c in wl.classes])[cls]
     # prefix caching acts when it is on and the requests carry block hashes (sim/workload.py)
@@ -346,7 +351,8 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         spec = sc.speculative
         rack: RackPlanner | None = None
         if (fuse is not None and sc.deployment.router == "least_outstanding" and rt.num_replicas > 1
-                and rt.prefill == "mixed" and not units and all(r.fuse is not None for r in replicas)
+                and rt.prefill == "mixed" and not units and preloaded is None
+                and all(r.fuse is not None for r in replicas)
                 and not (spec is not None and spec.policy == "adaptive" and rt.spec is not None and rt.spec.shape is not None)):
             rack = RackPlanner(replicas, fuse, horizon, limit)  # the replicas planned jointly (sim/joint.py)
             for r in replicas:

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from models.calibration import check_efficiency
-from models.catalog import GPUS, KV_FORMATS, MODELS, WEIGHT_FORMATS
+from models.catalog import GPUS, KV_FORMATS, LINKS, MODELS, WEIGHT_FORMATS
 from models.engines import DEFAULT_PROFILE, Scheduling, get_profile, resolve
 from models.errors import ConfigError, unknown
 from models.hf_config import config_file, default_name, load_config
@@ -791,6 +791,35 @@ class Autoscale(_Strict):
         return self
 
 
+class Disaggregation(_Strict):
+    """Prefill and decode on separate pools (xPyD; docs/MODEL.md, 'Disaggregated serving'). The
+    decode pool is the scenario's [rack] and [deployment] (with [speculative]); the prefill pool is
+    `prefill_replicas` replicas of the same model at `prefill_tensor_parallel` on `prefill_gpu`. Each
+    finished prefill's KV moves to a decode replica over `link`, priced by bytes over bandwidth plus
+    latency; the decode replica admits the request once its KV has arrived."""
+
+    prefill_replicas: Annotated[int, Field(ge=1, le=4096)]
+    prefill_gpu: str | None = None  # default: rack.gpu
+    prefill_tensor_parallel: Annotated[int, Field(ge=1)] | None = None  # default: deployment.tensor_parallel
+    prefill_usd_per_gpu_hour: Annotated[float, Field(ge=0)] | None = None  # default: as [rack] prices its GPU
+    link: str = "infiniband-ndr"  # the KV fabric, from the catalogue (models.catalog.LINKS)
+    link_gbps: Annotated[float, Field(gt=0)] | None = None  # override: Gbit/s per GPU, one direction
+    link_latency_us: Annotated[float, Field(ge=0)] | None = None  # override: one transfer's fixed latency
+    # the draft's prefill (speculation in the decode pool): run in the prefill pool and its KV sent
+    # with the target's ("transfer", the default where the draft has KV), or recomputed by the decode
+    # replica at admission ("recompute")
+    draft_prefill: Literal["transfer", "recompute"] | None = None
+
+    _gpu = field_validator("prefill_gpu")(staticmethod(lambda v: None if v is None else gpu_name(v)))
+
+    @field_validator("link")
+    @classmethod
+    def _link(cls, v: str) -> str:
+        if v.lower() not in LINKS:
+            raise unknown("link", v, tuple(LINKS))
+        return v.lower()
+
+
 class ScenarioSpec(_Strict):
     """One experiment's sections, each validated on its own: the rack, the deployment on it,
     optional speculative decoding, the workload, the SLO and simulator settings (immutable). The
@@ -805,6 +834,7 @@ class ScenarioSpec(_Strict):
     slo: SLO = SLO(**DEFAULT_SLO)
     sim: SimSettings = SimSettings()
     autoscale: Autoscale | None = None
+    disaggregation: Disaggregation | None = None
 
     @field_validator("seed", mode="before")
     @classmethod

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from models.catalog import get_model, get_weight_format, peak_flops, weight_bytes
+from models.catalog import get_model, get_weight_format, weight_bytes
 from sim.attribution import METRICS, latency_parts, step_shares
 from sim.capacity import (
     Capacity,
@@ -29,6 +29,7 @@ from sim.capacity import (
     needs_capacity,
 )
 from sim.deployment import ReplicaRuntime, build_runtime, rejection_reason
+from sim.disagg import Pools, disaggregation_section, rack_figures, run_disaggregated
 from sim.fleet import default_warmup_s
 from sim.metrics import bench_metrics, closed_loop_stability, intervals, request_latencies, stability, summarise
 from sim.run import RunOutput, fixed_set_window, run_table
@@ -167,6 +168,7 @@ def simulate(sc: Scenario, seed: int | None = None, *, capacity: RunCapacity | N
     wl = sc.workload
     # run
     lag = None
+    pools: Pools | None = None
     start_s = wl.warmup_s
     if wl.closed:
         out = run_closed(sc, rt, seed, progress=progress)
@@ -187,7 +189,10 @@ def simulate(sc: Scenario, seed: int | None = None, *, capacity: RunCapacity | N
         if rate is None and wl.replays_trace:  # the trace's own rate over its span (inf: a burst)
             span = float(times.max() - times.min())
             rate = (times.size - 1) / span if span > 0 else float("inf")
-        if wl.max_concurrency is None:
+        if sc.disaggregation is not None:  # prefill pool, KV transfers, decode pool (sim/disagg.py)
+            out, pools = run_disaggregated(sc, rt, table, seed, backlog_limit=sc.sim.backlog_limit, progress=progress)
+            loop = "open"
+        elif wl.max_concurrency is None:
             out = run_table(sc, rt, table, seed, backlog_limit=sc.sim.backlog_limit, progress=progress,
                             replica_capacity_rps=replica_cap, warmup_s=warmup_s,
                             stop_on_slo=(start_s, end_s, sc.slo.targets()) if sc.sim.stop_on_slo_fail else None)
@@ -207,10 +212,11 @@ def simulate(sc: Scenario, seed: int | None = None, *, capacity: RunCapacity | N
         end_s = max(start_s, min(end_s, float(early["at_s"])))
     s = collect(sc, rt, seed, out, loop=loop, end_s=end_s, rate=rate, send_lag_s=lag, warmup_s=warmup_s,
                 capacity=capacity if with_capacity else None, own_rho=own_utilisation(sc, configured, capacity),
-                start_s=start_s)
+                start_s=start_s, pools=pools)
     req, steps = out.requests, out.steps
-    iv = functools.partial(intervals, req, steps, interval_s=sc.sim.interval_s, end_s=end_s, replicas=rt.num_replicas,
-                           gpus_per_replica=rt.gpus_per_replica, timeline=out.fleet,
+    rack = rack_figures(sc, rt, pools)
+    iv = functools.partial(intervals, req, steps, interval_s=sc.sim.interval_s, end_s=end_s, replicas=rack.replicas,
+                           gpus_per_replica=rack.gpus / rack.replicas, timeline=out.fleet,
                            replica_capacity_rps=replica_cap if replica_cap is not None else float("nan"),
                            slo=sc.slo.targets())
     lat = request_latencies(req)  # the latencies behind the summary's percentiles, per request
@@ -221,21 +227,23 @@ def simulate(sc: Scenario, seed: int | None = None, *, capacity: RunCapacity | N
 
 def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop: str, end_s: float,
             rate: float | None, send_lag_s: np.ndarray | None, warmup_s: float,
-            capacity: RunCapacity | None, own_rho: float = float("nan"), start_s: float | None = None) -> dict[str, Any]:
+            capacity: RunCapacity | None, own_rho: float = float("nan"), start_s: float | None = None,
+            pools: Pools | None = None) -> dict[str, Any]:
     """The run's summary, assembled from its sections (`sim.summary`; each owns its keys).
     `end_s`: the metric window's end; `start_s`: its start (None: workload.warmup_s; earlier for
     a burst: `sim.run.fixed_set_window`); `warmup_s`: a new replica's warm-up delay; `capacity`:
     the capacity figures to report, or None; `own_rho`: the offered rate over the deployment's
-    own capacity, where known (`own_utilisation`)."""
+    own capacity, where known (`own_utilisation`); `pools`: a disaggregated run's pools."""
     wl = sc.workload
     req, steps = out.requests, out.steps
     # never clamped: a run whose arrivals all fall in warm-up is 'insufficient'
     warm = wl.warmup_s if start_s is None else start_s
-    fleet, busy_scale = fleet_section(sc, rt, out, end_s, warmup_s)
+    rack = rack_figures(sc, rt, pools)
+    fleet, busy_scale = fleet_section(sc, rt, out, end_s, warmup_s, rack.replicas, rack.gpus)
     targets = sc.slo.targets()
-    tp = summarise(req, steps, warmup_s=warm, end_s=end_s, replicas=rt.num_replicas,
-                   gpus_per_replica=rt.gpus_per_replica, peak_flops=peak_flops(rt.cost.gpu, rt.cost.weights),
-                   mem_bw=rt.cost.gpu.mem_bw_bytes_s, slo=targets, busy_scale=busy_scale,
+    tp = summarise(req, steps, warmup_s=warm, end_s=end_s, replicas=rack.replicas,
+                   gpus_per_replica=rack.gpus / rack.replicas, peak_flops=rack.peak_flops,
+                   mem_bw=rack.mem_bw, slo=targets, busy_scale=busy_scale,
                    rejected_arrival_s=out.rejected_arrival_s)
     if loop == "open":
         ramp = conversation_ramp_s(wl.conversations) if wl.conversations is not None else 0.0
@@ -270,8 +278,11 @@ def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop
         "stopped": stopped_section(out.stopped_early),
         "benchmark": {"benchmark": bench},
         "economics": economics_section(sc, rt, req, replicas_mean=fleet["replicas_mean"],
-                                       throughput_tok_s=tp["throughput_tok_s"]),
+                                       throughput_tok_s=tp["throughput_tok_s"],
+                                       gpus=sc.rack.num_gpus + rack.gpus - rt.num_replicas * rt.gpus_per_replica,
+                                       usd_per_gpu_hour=rack.usd_per_gpu_hour),
         "deployment": deployment_section(rt),
+        "disaggregation": {} if pools is None else {"disaggregation": disaggregation_section(req, steps, pools, warm, end_s)},
         "capacity": capacity.as_dict() if capacity is not None else {},
         "provenance": provenance_section(sc, seed),
     })
@@ -299,7 +310,7 @@ def lines_text(lines: tuple[int, ...]) -> str:
 def own_utilisation(sc: Scenario, rate: float | None, capacity: RunCapacity | None) -> float:
     """The offered rate's share of the deployment's own measured capacity (speculation as
     configured), where the run was given it; NaN otherwise."""
-    if rate is None or capacity is None:
+    if rate is None or capacity is None or sc.disaggregation is not None:  # (its capacity is not measured)
         return float("nan")
     own = capacity.baseline if sc.speculative is None else capacity.speculative
     return rate / own.rps if own is not None and own.rps > 0 else float("nan")

@@ -147,6 +147,14 @@ class ReplicaState:
         self.n_running = i + 1
         if self.cache is not None:
             self.attach_prefix(i, rid)
+        pre = reqs.preloaded
+        if pre is not None and pre[rid]:  # its KV came from a prefill replica (first admission only)
+            p = int(pre[rid])
+            pre[rid] = 0
+            b = -(-p // BLOCK_SIZE)
+            self.computed[i] = p
+            self.blocks[i] = b
+            self.free_blocks -= b
         return i
 
     # ------------------------------------------------------------- prefix caching

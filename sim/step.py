@@ -230,7 +230,8 @@ def plan_prefill(rep: ReplicaState, budget: int, dec: np.ndarray, admit: bool, a
             chunk_idx.append(j)
             chunks.append(c)
             budget -= c
-    while admit and budget > 0 and rep.waiting and rep.n_running < rt.max_num_seqs and rep.free_blocks > 0:
+    while (admit and budget > 0 and rep.waiting and rep.n_running < rt.max_num_seqs and rep.free_blocks > 0
+           and rep.free_blocks >= preload_blocks(rep, rep.waiting[0])):
         rid = rep.waiting[0]
         if not rt.chunked_prefill and not fits_whole(rep, rid, budget, budget == full):
             break
@@ -246,6 +247,16 @@ def plan_prefill(rep: ReplicaState, budget: int, dec: np.ndarray, admit: bool, a
     return chunk_idx, chunks
 
 
+def preload_blocks(rep: ReplicaState, rid: int) -> int:
+    """KV blocks a request whose prompt KV arrives from a prefill replica (disaggregated decode,
+    `Requests.preloaded`) takes at its first admission: the transferred tokens' and the one it
+    computes; 0 for any other request (its admission needs one free block)."""
+    pre = rep.reqs.preloaded
+    if pre is None or not pre[rid]:
+        return 0
+    return -(-(int(pre[rid]) + 1) // BLOCK_SIZE)
+
+
 def fits_whole(rep: ReplicaState, rid: int, budget: int, alone: bool) -> bool:
     """Without chunked prefill: the whole prompt (plus output so far, when recomputing) fits
     in the budget (or goes alone in an empty step) and in the free KV blocks. With a prefix
@@ -253,6 +264,9 @@ def fits_whole(rep: ReplicaState, rid: int, budget: int, alone: bool) -> bool:
     from the free capacity."""
     tokens = int(rep.reqs.prompt[rid] + rep.reqs.generated[rid])
     need = -(-tokens // BLOCK_SIZE)
+    pre = rep.reqs.preloaded
+    if pre is not None:  # the transferred KV is not computed, but takes its blocks
+        tokens -= int(pre[rid])
     if rep.cache is not None:
         h, blocks = rep.hit(rid, tokens)
         tokens -= blocks * BLOCK_SIZE
@@ -387,7 +401,28 @@ def plan_step(rep: ReplicaState, separate: bool, decode_due: bool) -> StepPlan:
     ctx_dec = float(rep.computed[step.ds].sum()) if step.n_dec else 0.0
     (step.total_s, step.target_s, step.draft_s, step.over_s, step.flops, step.nbytes) = rep.price.spec_cost(
         step.n_dec, ctx_dec, step.k, len(chunk_idx), step.pre_tokens, step.pre_ctx, step.pre_pairs, plan)
+    if rep.reqs.draft_pending is not None and chunk_idx:
+        draft_recompute(rep, step)
     return step
+
+
+def draft_recompute(rep: ReplicaState, step: StepPlan) -> None:
+    """A disaggregated decode replica that recomputes the draft's prefill (`draft_prefill =
+    "recompute"`): the step of a request's first chunk also runs the draft over the prompt the
+    prefill pool sent (`Requests.draft_pending`, from context 0), priced as the draft's prefill."""
+    pending = rep.reqs.draft_pending
+    assert pending is not None
+    rids = rep.rid[step.chunk_idx]
+    toks = pending[rids]
+    if not toks.any():
+        return
+    pending[rids] = 0
+    nz = toks[toks > 0].tolist()
+    d_s, d_f, d_b = rep.price.draft_prefill(len(nz), *prefill_sums(nz, [0] * len(nz)))
+    step.total_s += d_s
+    step.draft_s += d_s
+    step.flops += d_f
+    step.nbytes += d_b
 
 
 def verify_outcomes(rep: ReplicaState, step: StepPlan) -> int:

@@ -83,6 +83,7 @@ LAYOUT: tuple[tuple[str, tuple[str, ...]], ...] = (
                    "usd_per_mtok_retraining", "usd_per_mtok")),
     ("run", ("rejected_requests", "rejected_share", "rejected_reason", "rejected_lines")),
     ("deployment", ("engine_profile", "num_replicas", "kv_capacity_tokens", "kv_pool_gib")),
+    ("disaggregation", ("disaggregation",)),
     ("run", ("offered_rate_rps",)),
     ("capacity", (*_capacity_keys(""), *_capacity_keys("speculative_"))),
     ("provenance", ("scenario", "seed", "versions")),
@@ -110,12 +111,16 @@ def assemble(sections: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def fleet_section(sc: Scenario, rt: ReplicaRuntime, run: RunOutput, end_s: float,
-                  replica_warmup_s: float) -> tuple[dict[str, Any], float | None]:
+                  replica_warmup_s: float, replicas: int, gpus: int) -> tuple[dict[str, Any], float | None]:
     """Replicas and GPU-hours over the day [0, end_s) (the replicas actually running: warming,
     live or draining) and the follow-load speculation switches; and the busy shares' scale for
     `summarise` (an autoscaled run: the window's replica-seconds over those actually running),
     else None."""
     timeline = run.fleet
+    if timeline is None and replicas != rt.num_replicas:  # a disaggregated rack: both pools, fixed
+        return {"autoscaled": False, "replicas_mean": float(replicas), "replicas_peak": replicas, "gpus_peak": gpus,
+                "gpu_hours": end_s * gpus / 3600.0, "gpu_hours_per_day": 24.0 * gpus if end_s > 0 else float("nan"),
+                "replica_warmup_s": replica_warmup_s}, None
     knots = replica_counts(timeline, rt.num_replicas)
     rep_s = float(replica_seconds(knots, 0.0, end_s))
     out: dict[str, Any] = {"autoscaled": sc.autoscale is not None}
@@ -194,8 +199,10 @@ def stopped_section(stopped_early: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def economics_section(sc: Scenario, rt: ReplicaRuntime, req: pd.DataFrame, *, replicas_mean: float,
-                      throughput_tok_s: float) -> dict[str, Any]:
-    """Quality per class and overall, and cost per million output tokens (with retraining)."""
+                      throughput_tok_s: float, gpus: int, usd_per_gpu_hour: float) -> dict[str, Any]:
+    """Quality per class and overall, and cost per million output tokens (with retraining).
+    `gpus`, `usd_per_gpu_hour`: the rack's billed GPUs (idle ones too) and their mean price
+    (`sim.disagg.rack_figures`)."""
     q_in, q_tail = rt.quality
     if rt.retraining is not None:
         q_in, q_tail = rt.retraining.effective_quality(q_in), rt.retraining.effective_quality(q_tail)
@@ -209,14 +216,14 @@ def economics_section(sc: Scenario, rt: ReplicaRuntime, req: pd.DataFrame, *, re
         total += q * counts[i]
     out["quality_by_class"] = per_class
     out["quality_overall"] = total / max(1, counts.sum())
-    gpus: float = sc.rack.num_gpus
+    billed: float = gpus  # (idle GPUs are billed)
     if sc.autoscale is not None:  # the replicas actually running, on average over the run
-        gpus = replicas_mean * rt.gpus_per_replica
-    rack_usd_s = gpus * rt.usd_per_gpu_hour / 3600.0
+        billed = replicas_mean * rt.gpus_per_replica
+    rack_usd_s = billed * usd_per_gpu_hour / 3600.0
     tok_s = throughput_tok_s
     retrain_month = rt.retraining.usd_per_month if rt.retraining else 0.0
     out["retraining_usd_per_month"] = retrain_month
-    out["usd_per_gpu_hour"] = rt.usd_per_gpu_hour
+    out["usd_per_gpu_hour"] = usd_per_gpu_hour
     out["serving_usd_per_month"] = rack_usd_s * 30 * 86400
     if tok_s > 0:
         serving = rack_usd_s / tok_s * 1e6

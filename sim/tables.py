@@ -148,6 +148,11 @@ class Requests:
         # tokens the admissions prefilled, cached or computed: the prompt, plus after a preemption what
         # was prefilled before it and the prompt + output so far again (prefill_cached + computed = this)
         self.prefill_tokens = np.zeros(n, dtype=np.int64)
+        # disaggregated decode (sim/disagg.py): prompt tokens whose KV arrives with the request from a
+        # prefill replica, taken at its first admission (None: none do), and the draft's prefill
+        # tokens the decode replica recomputes in the step of the request's first chunk
+        self.preloaded: np.ndarray | None = None
+        self.draft_pending: np.ndarray | None = None
 
     def set_draws(self, lead: bytes, offsets: np.ndarray) -> None:
         """Give each request its verification outcomes (`models.speculative.acceptance_draws`)."""
