@@ -107,6 +107,11 @@ class Capacity:
         return d
 
 
+# A disaggregated rack's own capacity: not measured (its figures NaN; its runs are judged from
+# their own data, and utilisation is relative to the aggregated rack on its GPUs: `baseline_of`)
+UNMEASURED = Capacity(rps=float("nan"), tok_s=float("nan"), method="not measured (disaggregated)")
+
+
 def baseline_of(sc: Scenario) -> Scenario:
     """The same deployment with speculation off, on as many replicas: what `utilisation` is
     relative to (a disaggregated rack's: the aggregated rack on its GPUs). A dedicated draft's GPUs are left out of the rack (each replica keeps its
@@ -411,6 +416,8 @@ class CapacityStore:
     def ladder(self, sc: Scenario, *, speculative: bool = False) -> Capacity:
         """`measure_ladder` of the deployment (speculation off unless `speculative`): the capacity
         where the throughput does not collapse, else an upper bound on it (the peak)."""
+        if speculative and sc.disaggregation is not None:
+            return UNMEASURED
         key = capacity_key(sc, speculative=speculative)
         if key in self.capacities:
             return self.capacities[key]
@@ -425,6 +432,8 @@ class CapacityStore:
     def capacity(self, sc: Scenario, *, speculative: bool = False) -> Capacity:
         """Capacity of the scenario's deployment with speculation off (the reference that
         `utilisation` is relative to), or as given with `speculative=True` (its ladder kept too)."""
+        if speculative and sc.disaggregation is not None:
+            return UNMEASURED  # (a closed-loop ladder runs one aggregated engine: `measure_ladder`)
         key = capacity_key(sc, speculative=speculative)
         if key not in self.capacities and self._from_disk(key) is None:
             base = sc if speculative else baseline_of(sc)

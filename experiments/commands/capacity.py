@@ -31,6 +31,9 @@ def run(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(out, indent=2))
         return 0
+    if sc.disaggregation is not None:
+        print(f"{sc.name}: a disaggregated rack's own capacity is not measured (a closed-loop ladder runs one "
+              "aggregated engine); the aggregated rack on its GPUs, the reference for its utilisation:")
     print(f"{sc.name}: capacity {out['capacity_rps']:.3f} req/s, {out['capacity_tok_s']:.0f} output tok/s "
           f"(speculation off; the reference for utilisation)")
     if out["kv_sequences"] < out["batch_slots"]:
@@ -41,7 +44,7 @@ def run(a: argparse.Namespace) -> int:
               f"system) and falls {1 - out['full_batch_rps'] / out['peak_rps']:.0%} at full load"
               + (" (preemption: the KV runs out)" if out["kv_sequences"] < out["batch_slots"] else "")
               + "; load between the two is metastable, so the capacity is the full-load figure")
-    if "speculative_capacity_rps" in out:
+    if "speculative_capacity_rps" in out and out["speculative_capacity_rps"] == out["speculative_capacity_rps"]:
         print(f"  with speculation: sustainable {out['speculative_capacity_rps']:.3f} req/s "
               f"({out['speculative_capacity_tok_s']:.0f} tok/s; closed-loop peak {out['speculative_peak_rps']:.3f} req/s "
               f"at {out['speculative_peak_concurrency']} requests in system); at full batch "

@@ -67,9 +67,14 @@ def run(a: argparse.Namespace) -> int:
     note = window_note(sc, s, res.requests.arrival_s.to_numpy())
     if note:
         print(note)
-    if "capacity_rps" in s:
+    if "capacity_rps" in s and "disaggregation" in s:
+        print(f"  capacity of the aggregated rack on these GPUs {s['capacity_rps']:.2f} req/s (a disaggregated "
+              "rack's own is not measured)")
+    elif "capacity_rps" in s:
         print(f"  capacity {s['capacity_rps']:.2f} req/s" + (f", with speculation {s['speculative_capacity_rps']:.2f}"
                                                             if "speculative_capacity_rps" in s else ""))
+    if "disaggregation" in s:
+        print(disagg_line(s["disaggregation"]))
     if "cache_hit_rate" in s:  # prefix caching acted (requests carry block hashes)
         print(cache_line(s))
     if s["loop"] != "open":
@@ -118,6 +123,17 @@ def window_note(sc: Scenario, s: dict[str, Any], sent: np.ndarray) -> str | None
         return (f"  no request measured: warmup_s = {wl.warmup_s:g} s ends after the last arrival ({t.max():.1f} s); "
                 "lower it, e.g. --set workload.warmup_s=0")
     return None
+
+
+def disagg_line(d: dict[str, Any]) -> str:
+    """A disaggregated run's pools, transfers and TTFT parts, one line (docs/METRICS.md,
+    'Disaggregated serving')."""
+    return (f"  disaggregated: {d['prefill_replicas']} prefill x TP{d['prefill_tensor_parallel']} "
+            f"({d['prefill_gpus']} {d['prefill_gpu']}, busy {d['prefill_busy_fraction']:.0%}) -> {d['decode_replicas']} "
+            f"decode ({d['decode_gpus']} GPUs, busy {d['decode_busy_fraction']:.0%}) over {d['link']}; KV "
+            f"{d['kv_transfer_bytes_mean'] / 1e6:,.0f} MB per request in {d['kv_transfer_s_mean'] * 1e3:.1f} ms "
+            f"(p99 {d['kv_transfer_s_p99'] * 1e3:.1f}); mean TTFT = prefill {d['ttft_prefill_s_mean'] * 1e3:.0f} + "
+            f"transfer {d['ttft_transfer_s_mean'] * 1e3:.0f} + decode {d['ttft_decode_s_mean'] * 1e3:.0f} ms")
 
 
 def cache_line(s: dict[str, Any]) -> str:
