@@ -8,7 +8,7 @@ from typing import Any
 
 from experiments.planfile import builtin_strategies
 from experiments.sweep import load_sweep
-from models.catalog import GPUS, LLM, MODELS
+from models.catalog import GPUS, LINKS, LLM, MODELS
 from models.engines import ALIASES, DEFAULT_PROFILE, PROFILES
 from models.errors import unknown
 from models.hf_config import USER_CATALOG, load_config, read_user_catalog
@@ -19,6 +19,12 @@ def gpu_rows() -> list[dict[str, Any]]:
              "bf16_tflops": g.bf16_flops / 1e12, "fp8_tflops": None if g.fp8_flops is None else g.fp8_flops / 1e12,
              "fp4_tflops": None if g.fp4_flops is None else g.fp4_flops / 1e12,
              "interconnect_gb_s": g.interconnect_bytes_s / 1e9, "tdp_w": g.tdp_w, "usd_per_gpu_hour": g.usd_per_gpu_hour, "source": g.source} for g in GPUS.values()]
+
+
+def link_rows() -> list[dict[str, Any]]:
+    """The KV fabrics between prefill and decode replicas (disaggregated serving)."""
+    return [{"name": lk.name, "gb_s_per_gpu": lk.bytes_s_per_gpu / 1e9, "latency_us": lk.latency_s * 1e6,
+             "source": lk.source} for lk in LINKS.values()]
 
 
 def model_rows() -> list[dict[str, Any]]:
@@ -83,6 +89,9 @@ _TEXT: dict[str, tuple[Callable[[], list[dict[str, Any]]], list[tuple[str, Calla
         ("FP8 TFLOP/s", lambda r: _num(r["fp8_tflops"], ".0f")), ("FP4 TFLOP/s", lambda r: _num(r["fp4_tflops"], ".0f")),
         ("link GB/s", lambda r: f"{r['interconnect_gb_s']:.0f}"), ("TDP W", lambda r: _num(r["tdp_w"], ".0f")),
         ("$/GPU-h", lambda r: f"{r['usd_per_gpu_hour']:.2f}"), ("source", lambda r: r["source"])]),
+    "links": (link_rows, [
+        ("link", lambda r: r["name"]), ("GB/s per GPU, one way", lambda r: f"{r['gb_s_per_gpu']:.1f}"),
+        ("latency us", lambda r: f"{r['latency_us']:g}"), ("source", lambda r: r["source"])]),
     "models": (model_rows, [
         ("model", lambda r: r["name"]), ("params B", lambda r: f"{r['params_b']:.1f}"),
         ("active B", lambda r: f"{r['active_params_b']:.1f}"), ("layers", lambda r: str(r["layers"])),

@@ -353,17 +353,18 @@ LINKS: dict[str, Link] = {
     lk.name: lk
     for lk in (
         Link("nvlink-3", 300e9, 2e-6, "A100 SXM: NVLink 3, 600 GB/s per GPU both directions (shared/reference/hardware.csv); "
-             "one direction 300 GB/s; within one node only"),
+             "one direction 300 GB/s; within one node only; latency assumed as RDMA's (no published figure)"),
         Link("nvlink-4", 450e9, 2e-6, "H100/H200 SXM: NVLink 4, 900 GB/s per GPU both directions (shared/reference/hardware.csv); "
-             "one direction 450 GB/s; within one node only"),
+             "one direction 450 GB/s; within one node only; latency assumed as RDMA's (no published figure)"),
         Link("nvlink-5", 900e9, 2e-6, "B200: NVLink 5, 1.8 TB/s per GPU both directions (shared/reference/hardware.csv); "
-             "one direction 900 GB/s; within one node only"),
+             "one direction 900 GB/s; within one node only; latency assumed as RDMA's (no published figure)"),
         Link("infiniband-hdr", 25e9, 5e-6, "DGX A100: one ConnectX-6 HDR 200 Gb/s port per GPU (DGX A100 launch coverage); "
              "200 Gb/s = 25 GB/s one direction"),
         Link("infiniband-ndr", 50e9, 5e-6, f"InfiniBand NDR: {_DGX_NIC}; 400 Gb/s = 50 GB/s one direction"),
         Link("roce-400", 50e9, 10e-6, f"400GbE RoCE v2: {_DGX_NIC}; 50 GB/s one direction; Ethernet switching adds "
              "latency over InfiniBand"),
-        Link("ethernet-100", 12.5e9, 20e-6, "one 100 GbE port per GPU (TCP or RoCE): a modest cloud fabric"),
+        Link("ethernet-100", 12.5e9, 20e-6, "one 100 GbE port per GPU: a modest cloud fabric; latency: kernel-to-kernel "
+             "TCP is about 50 us (WWT), RoCE a few us: 20 us between"),
     )
 }
 

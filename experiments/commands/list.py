@@ -1,4 +1,4 @@
-"""`specrack list`: the catalogues (GPUs, models, built-in strategies, engine profiles)."""
+"""`specrack list`: the catalogues (GPUs, KV links, models, built-in strategies, engine profiles)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from experiments.listing import rows, text_table
 
 def add_parser(sub: Any, name: str, summary: str) -> None:
     li = sub.add_parser(name, help=summary)
-    li.add_argument("catalogue", choices=["gpus", "models", "strategies", "profiles"])
+    li.add_argument("catalogue", choices=["gpus", "links", "models", "strategies", "profiles"])
     li.add_argument("--json", action="store_true", help="records as JSON instead of a table")
     li.set_defaults(fn=run)
 
