@@ -254,9 +254,9 @@ def fits_whole(rep: ReplicaState, rid: int, budget: int, alone: bool) -> bool:
     tokens = int(rep.reqs.prompt[rid] + rep.reqs.generated[rid])
     need = -(-tokens // BLOCK_SIZE)
     if rep.cache is not None:
-        h, blocks = rep.hit(rid, tokens)
-        tokens -= blocks * BLOCK_SIZE
-        need -= blocks
+        h, blocks, _, host_blocks = rep.hit_tiers(rid, tokens)
+        tokens -= (blocks + host_blocks) * BLOCK_SIZE  # (host-tier blocks are loaded, not computed ...
+        need -= blocks  # ... and take free blocks like a fresh allocation)
         if h:  # unreferenced cached blocks of the hit are free capacity the admission takes
             need += rep.cache.evictable_blocks(rep.units(rid)[0][:h])
     return whole_fits(tokens, need, budget, alone, rep.free_blocks)
@@ -387,6 +387,9 @@ def plan_step(rep: ReplicaState, separate: bool, decode_due: bool) -> StepPlan:
     ctx_dec = float(rep.computed[step.ds].sum()) if step.n_dec else 0.0
     (step.total_s, step.target_s, step.draft_s, step.over_s, step.flops, step.nbytes) = rep.price.spec_cost(
         step.n_dec, ctx_dec, step.k, len(chunk_idx), step.pre_tokens, step.pre_ctx, step.pre_pairs, plan)
+    if rep.load_s:  # the step waits for its admissions' host-tier loads (`ReplicaState.attach_prefix`)
+        step.total_s += rep.load_s
+        rep.load_s = 0.0
     return step
 
 
