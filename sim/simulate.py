@@ -236,7 +236,7 @@ def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop
     tp = summarise(req, steps, warmup_s=warm, end_s=end_s, replicas=rt.num_replicas,
                    gpus_per_replica=rt.gpus_per_replica, peak_flops=peak_flops(rt.cost.gpu, rt.cost.weights),
                    mem_bw=rt.cost.gpu.mem_bw_bytes_s, slo=targets, busy_scale=busy_scale,
-                   rejected_arrival_s=out.rejected_arrival_s)
+                   rejected_arrival_s=out.rejected_arrival_s, host_evicted_blocks=out.host_evicted_blocks)
     if loop == "open":
         ramp = conversation_ramp_s(wl.conversations) if wl.conversations is not None else 0.0
         judged = stability(req, warmup_s=warm, end_s=end_s, truncated=out.truncated, ramp_s=ramp)
