@@ -34,6 +34,16 @@ class GPU:
     source: str
     tdp_w: float = float("nan")  # board power (TDP) from the datasheet: what a busy GPU draws
     fp4_flops: float | None = None  # dense FP4 tensor-core peak (Blackwell); None: no FP4 tensor cores
+    # host (CPU) memory per GPU, what a KV offload tier (deployment.host_kv_gib) may use at most: the
+    # default is a DGX-class server's 2 TiB of system memory over its 8 GPUs (NVIDIA DGX A100 640GB,
+    # DGX H100 and DGX H200 datasheets: "System memory 2TB"; 32 x 64 GB DIMMs in a DGX H100)
+    host_mem_gib: float = 256.0
+    # host link per GPU, one direction, achieved: PCIe Gen5 x16 is 64 GB/s per direction in theory
+    # (NVIDIA's H100 datasheet prints 128 GB/s both ways); KV blocks copied between pinned host memory
+    # and an H100 reach about 50 GB/s in one direction, by DMA or by a copy kernel (vLLM blog, "Inside
+    # vLLM's New KV Offloading Connector", 2026-01-08, vllm-project.github.io _posts at 4fc67010;
+    # 2 MB blocks; smaller blocks get less)
+    host_link_bytes_s: float = 50e9
 
     @property
     def hbm_bytes(self) -> float:
@@ -46,18 +56,22 @@ GPUS: dict[str, GPU] = {
     g.name: g
     for g in (
         GPU("a100-80gb", "ampere", 80, 2.039e12, 312e12, None, 624e12, 600e9, 1.99,
-            f"{_HW}; price: mid of 1.49-2.49 on-demand (pricegpu.pages.dev, early 2026)", tdp_w=400),
+            f"{_HW}; price: mid of 1.49-2.49 on-demand (pricegpu.pages.dev, early 2026)", tdp_w=400,
+            host_link_bytes_s=32e9),  # PCIe Gen4 x16: 64 GB/s both ways (NVIDIA A100 datasheet), 32 each way
         GPU("h100-sxm", "hopper", 80, 3.35e12, 989.4e12, 1978.9e12, 1978.9e12, 900e9, 2.69,
             f"{_HW}; price: RunPod 2.69 (deploybase.ai, 2026)", tdp_w=700),
         GPU("h200", "hopper", 141, 4.8e12, 989.4e12, 1978.9e12, 1978.9e12, 900e9, 3.59,
             f"{_HW}; INT8 inferred equal to H100 (same die); price: RunPod 3.59 (deploybase.ai)", tdp_w=700),
         GPU("b200", "blackwell", 180, 8.0e12, 2250e12, 4500e12, 4500e12, 1800e9, 5.98,
             f"{_HW}; HGX B200 at 1000 W, FP4 9000 dense (hardware.csv notes); price: RunPod 5.98 (deploybase.ai)",
-            tdp_w=1000, fp4_flops=9000e12),
+            tdp_w=1000, fp4_flops=9000e12),  # host: DGX B200 datasheet, 2 TB (up to 4 TB) for 8 GPUs; PCIe Gen5
         GPU("l40s", "ada", 48, 0.864e12, 362.05e12, 733e12, 733e12, 32e9, 1.10,
-            f"{_HW}; PCIe Gen4 x16, 64 GB/s bidirectional = 32 GB/s each way; price: 0.95-1.20 (yobitel.com, 2026)", tdp_w=350),
+            f"{_HW}; PCIe Gen4 x16, 64 GB/s bidirectional = 32 GB/s each way; price: 0.95-1.20 (yobitel.com, 2026)", tdp_w=350,
+            host_link_bytes_s=32e9),  # (host memory: a PCIe server's; the DGX-class default is an assumption)
         GPU("mi300x", "cdna3", 192, 5.3e12, 1307.4e12, 2614.9e12, 2614.9e12, 896e9, 1.85,
             f"{_HW}; AMD ROCm docs dense peaks; price: Vultr 1.85 (gpu.blog)", tdp_w=750),
+        # (MI300X / MI325X: PCIe Gen5 x16 host link per AMD's datasheets; host memory: the DGX-class default,
+        # an assumption for an 8-GPU OEM server)
         # not in shared/reference: vendor spec sheets, dense peaks (sparse / 2); prices are placeholders
         # (always a user input: rack.usd_per_gpu_hour)
         GPU("h20", "hopper", 96, 4.0e12, 148e12, 296e12, 296e12, 900e9, 1.50,
@@ -66,7 +80,10 @@ GPUS: dict[str, GPU] = {
         GPU("gb200", "blackwell", 186, 8.0e12, 2500e12, 5000e12, 5000e12, 1800e9, 6.50,
             "NVIDIA GB200 NVL72 spec sheet per GPU (rack 13.4 TB HBM3e and 576 TB/s over 72 GPUs; "
             "BF16 5 / FP8 10 / FP4 20 PFLOPS sparse = 2.5 / 5 / 10 dense; NVLink 5 1.8 TB/s; 1200 W per "
-            "GPU as the share of a 2700 W superchip); price: assumption", tdp_w=1200, fp4_flops=10000e12),
+            "GPU as the share of a 2700 W superchip); price: assumption", tdp_w=1200, fp4_flops=10000e12,
+            # host: each Grace CPU has 480 GB LPDDR5X for its 2 GPUs, over NVLink-C2C at 900 GB/s both
+            # ways (NVIDIA GB200 NVL72 spec sheet): 240 GB and 450 GB/s each way per GPU
+            host_mem_gib=240e9 / GIB, host_link_bytes_s=450e9),
         GPU("mi325x", "cdna3", 256, 6.0e12, 1307.4e12, 2614.9e12, 2614.9e12, 896e9, 2.25,
             "AMD Instinct MI325X datasheet (256 GB HBM3E, 6.0 TB/s, BF16 1307.4 / FP8 2614.9 TFLOPS dense, "
             "Infinity Fabric as MI300X, 1000 W); price: assumption, MI300X + 20%", tdp_w=1000),

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from models.calibration import load_efficiency
-from models.catalog import GPU, LLM, get_gpu, get_model, get_weight_format, weight_bytes
+from models.catalog import GIB, GPU, LLM, get_gpu, get_model, get_weight_format, weight_bytes
 from models.cost import CostModel, Efficiency, check_tp, efficiency_for
 from models.engines import SpecBehaviour, get_profile
 from models.errors import ConfigError
 from models.hf_config import load_config
-from models.memory import MemoryPlan, plan_memory
+from models.memory import BLOCK_SIZE, MemoryPlan, plan_memory
 from models.quality import Retraining, default_retrain_gpu_hours, distill_quality, quant_quality
 from models.speculative import DraftShape, depth_factors
 from sim.schema import Empirical, Fixed, LogNormal, Rack, ScenarioSpec
@@ -148,6 +148,11 @@ class ReplicaRuntime:
     retraining: Retraining | None
     usd_per_gpu_hour: float
     prefix_caching: bool = False  # keep and reuse full KV blocks of requests that carry block hashes
+    # the host-memory tier behind the prefix cache (deployment.host_kv_gib; 0: none): its capacity in
+    # KV blocks of the replica (every GPU's share of a block), and the seconds a block takes to load
+    # back (each GPU loads its share over its own host link, in parallel)
+    host_kv_blocks: int = 0
+    host_load_s_per_block: float = 0.0
 
 
 def target_model(sc: ScenarioSpec) -> LLM:
@@ -343,6 +348,15 @@ def check_scenario(sc: ScenarioSpec) -> None:
         raise ValueError("deployment.router 'prefix_affinity' routes by the replicas' prefix caches; set "
                          "deployment.prefix_caching = true or use router 'least_outstanding'")
     per_replica = gpus_per_replica(sc)
+    if dep.host_kv_gib > 0:
+        if not dep.prefix_caching:
+            raise ValueError(f"deployment.host_kv_gib={dep.host_kv_gib:g} keeps blocks evicted from the prefix "
+                             "cache, which is off; set deployment.prefix_caching = true or host_kv_gib = 0")
+        limit = gpu.host_mem_gib * per_replica
+        if dep.host_kv_gib > limit:
+            raise ValueError(f"deployment.host_kv_gib={dep.host_kv_gib:g} exceeds the replica's share of host "
+                             f"memory, {limit:g} GiB ({gpu.host_mem_gib:g} GiB per {gpu.name} x {per_replica} "
+                             f"GPUs per replica); use host_kv_gib <= {limit:g}")
     if per_replica > sc.rack.num_gpus:
         draft_gpus = per_replica - dep.tensor_parallel
         what = f" + {draft_gpus} dedicated draft GPU(s)" if draft_gpus else ""
@@ -387,6 +401,10 @@ def check_scenario(sc: ScenarioSpec) -> None:
         rt = build_runtime(sc)
     except ConfigError as err:
         raise ValueError(f"deployment (model, tensor_parallel, weights): {err}") from None
+    if dep.host_kv_gib > 0 and rt.host_kv_blocks == 0:
+        need = rt.plan.kv_bytes_per_token * BLOCK_SIZE * rt.cost.tp / GIB
+        raise ValueError(f"deployment.host_kv_gib={dep.host_kv_gib:g} holds no KV block of the replica "
+                         f"({need:.4g} GiB each); use host_kv_gib >= {need:.4g} or 0")
     check_lengths(sc, rt)
 
 
@@ -549,6 +567,10 @@ def build_runtime(sc: ScenarioSpec) -> ReplicaRuntime:
         q_in = dep.quality_in_distribution
     if dep.quality_tail is not None:
         q_tail = dep.quality_tail
+    # the host tier: a KV block of the replica is every GPU's share of it (plan.kv_bytes_per_token is
+    # per GPU), and each GPU loads its share over its own host link
+    block_bytes_gpu = plan.kv_bytes_per_token * BLOCK_SIZE
+    host_kv_blocks = int(dep.host_kv_gib * GIB // (block_bytes_gpu * cost.tp))
     return ReplicaRuntime(
         cost=cost, plan=plan, max_num_seqs=sched.max_num_seqs, max_num_batched_tokens=sched.max_num_batched_tokens,
         prefill=sched.prefill, chunked_prefill=sched.chunked_prefill, scheduler_steps=sched.scheduler_steps,
@@ -556,4 +578,6 @@ def build_runtime(sc: ScenarioSpec) -> ReplicaRuntime:
         spec=spec_rt, num_replicas=replicas, gpus_per_replica=per_replica,
         max_model_len=min(MAX_MODEL_LEN, plan.kv_capacity_tokens), quality=(q_in, q_tail),
         retraining=retraining, usd_per_gpu_hour=price, prefix_caching=dep.prefix_caching,
+        host_kv_blocks=host_kv_blocks,
+        host_load_s_per_block=block_bytes_gpu / gpu.host_link_bytes_s if host_kv_blocks else 0.0,
     )

@@ -566,12 +566,13 @@ class SloWatch:
 
 def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s: float, replicas: int,
               gpus_per_replica: float, peak_flops: float, mem_bw: float, slo: dict[str, float],
-              busy_scale: float | None = None, rejected_arrival_s: np.ndarray | None = None) -> dict[str, Any]:
+              busy_scale: float | None = None, rejected_arrival_s: np.ndarray | None = None,
+              host_evicted_blocks: int | None = None) -> dict[str, Any]:
     """The latency and throughput section of a run's summary (see docs/METRICS.md for every
     formula): latencies, throughput, goodput, GPU busy share, MFU and HBM bandwidth use, batch,
     speculation and prefix-caching figures over the window [warmup_s, end_s). Requests the
     deployment rejected (`rejected_arrival_s`: their arrival times) count as offered, never as
-    completed. `busy_scale`: the
+    completed. `host_evicted_blocks`: the host tier's evictions over the run (`RunOutput`). `busy_scale`: the
     busy shares' correction when fewer replicas ran than the rack holds (an autoscaled run:
     `sim.summary.fleet_section`), None for every replica running throughout."""
     window = max(end_s - warmup_s, 1e-9)
@@ -646,18 +647,20 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     s["queue_growth_rps"] = queue_growth_rps(st_cols(*(c for c in ("replica", "start_s", "waiting", "count", "chunk_gap_s",
                                                                    "gap_step_s") if c in steps.columns)))
     if "cached_tokens" in req.columns:
-        s.update(prefix_cache_metrics(req[meas], lat[meas]))
+        s.update(prefix_cache_metrics(req[meas], lat[meas], host_evicted_blocks))
     return s
 
 
-def prefix_cache_metrics(req: pd.DataFrame, lat: pd.DataFrame) -> dict[str, Any]:
+def prefix_cache_metrics(req: pd.DataFrame, lat: pd.DataFrame, host_evicted_blocks: int | None = None) -> dict[str, Any]:
     """Prefix caching over the measured requests that were admitted (docs/METRICS.md, 'Prefix
     caching'): the token hit rate (prompt tokens found cached at the first admission / prompt
     tokens, what a trace's hash arithmetic counts), the share of requests that hit, the prefill
     tokens saved at first admission and computed (all admissions), the prefill redone after
     preemptions (what the re-admissions prefilled beyond the prompt's first prefill, and how much
     of it the cache served again), the requests preempted, and TTFT split by hit (some prompt
-    tokens cached) and miss."""
+    tokens cached) and miss. With a host tier (a `host_cached_tokens` column), the hit rate by
+    tier, TTFT by the tier a hit reached (HBM only, or some tokens loaded from the host tier), and
+    `host_evicted_blocks`, the blocks the host tier dropped over the whole run."""
     admitted = req.prefill_tokens.to_numpy() > 0
     cached = req.cached_tokens.to_numpy(np.int64)[admitted]
     prompt = req.prompt_tokens.to_numpy(np.int64)[admitted]
@@ -668,7 +671,7 @@ def prefix_cache_metrics(req: pd.DataFrame, lat: pd.DataFrame) -> dict[str, Any]
     # prefill_cached_tokens - cached_tokens of it from the cache (both 0 for one never preempted)
     again = int(req.prefill_tokens.to_numpy(np.int64)[admitted].sum()) - prompt_sum
     again_cached = int(req.prefill_cached_tokens.to_numpy(np.int64)[admitted].sum()) - int(cached.sum())
-    return {
+    out = {
         "cache_hit_rate": float(cached.sum()) / prompt_sum if prompt_sum else float("nan"),
         "cache_request_hit_rate": float(hit.mean()) if hit.size else float("nan"),
         "prefill_tokens_saved": int(cached.sum()),
@@ -679,6 +682,17 @@ def prefix_cache_metrics(req: pd.DataFrame, lat: pd.DataFrame) -> dict[str, Any]
         "ttft_hit_s": dist(ttft[hit]),
         "ttft_miss_s": dist(ttft[~hit]),
     }
+    if "host_cached_tokens" in req.columns:
+        host = req.host_cached_tokens.to_numpy(np.int64)[admitted]
+        from_host = host > 0
+        out.update({
+            "cache_hbm_hit_rate": float((cached - host).sum()) / prompt_sum if prompt_sum else float("nan"),
+            "cache_host_hit_rate": float(host.sum()) / prompt_sum if prompt_sum else float("nan"),
+            "ttft_hbm_hit_s": dist(ttft[hit & ~from_host]),
+            "ttft_host_hit_s": dist(ttft[from_host]),
+            "host_evicted_blocks": host_evicted_blocks,
+        })
+    return out
 
 
 def bench_metrics(req: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:

@@ -16,6 +16,15 @@ RadixAttention, arXiv 2312.07104, behaves the same for this purpose):
 - Released sequences put their units on the LRU list tail first (vLLM frees a request's blocks
   in reverse order, so a chain's tail is evicted before its root).
 
+**A host-memory tier** (`host_blocks` > 0: `deployment.host_kv_gib`) follows SGLang's HiCache with
+its write-back policy (python/sglang/srt/mem_cache/hiradix_cache.py, `HiRadixCache.evict`,
+`load_back`, sglang v0.4.10): a unit evicted from HBM is written to host memory, which keeps units in
+its own LRU order (its least recently stored or loaded unit goes first when a new one needs room). A
+prefix match continues from HBM into the host tier (`match_host`); a host hit is loaded back
+(`load`): the unit joins the HBM cache, referenced by the sequence, taking free KV blocks like a fresh
+allocation, and its host copy stays (HiCache keeps a loaded node's host value), so evicting it from
+HBM again writes nothing new. A unit larger than the whole tier is never stored.
+
 The cache evicts lazily: `reclaim(free_blocks)` evicts until the truly free blocks (free_blocks
 minus the unreferenced cached ones) are >= 0. The engine calls it before every cache operation,
 so the cache reads exactly as if each allocation had evicted at once (nothing looks at the cache
@@ -36,16 +45,23 @@ class PrefixCache:
     """Cached units of one replica: key -> (running sequences referencing it, KV blocks), and the
     unreferenced ones in LRU order."""
 
-    def __init__(self) -> None:
+    def __init__(self, host_blocks: int = 0) -> None:
         self.ref: dict[int, int] = {}  # key -> running sequences referencing the unit
         self.nb: dict[int, int] = {}  # key -> KV blocks the unit holds
         self.lru: OrderedDict[int, None] = OrderedDict()  # unreferenced units, least recently released first
         self.evictable = 0  # KV blocks held by the units in self.lru
         self.evicted_units = 0
         self.evicted_blocks = 0
+        # the host tier: key -> KV blocks, least recently stored or loaded first; its capacity in blocks
+        self.host: OrderedDict[int, int] = OrderedDict()
+        self.host_blocks = host_blocks
+        self.host_used = 0  # KV blocks the host tier holds
+        self.host_evicted_units = 0  # units dropped from the host tier (gone from both tiers)
+        self.host_evicted_blocks = 0
 
     def reclaim(self, free_blocks: int) -> None:
-        """Evict LRU unreferenced units until the truly free blocks (free_blocks - evictable) are >= 0."""
+        """Evict LRU unreferenced units until the truly free blocks (free_blocks - evictable) are >= 0
+        (each to the host tier, when there is one)."""
         while self.evictable > free_blocks:
             key, _ = self.lru.popitem(last=False)
             nb = self.nb.pop(key)
@@ -53,6 +69,50 @@ class PrefixCache:
             self.evictable -= nb
             self.evicted_units += 1
             self.evicted_blocks += nb
+            if self.host_blocks:
+                self.store(key, nb)
+
+    def store(self, key: int, nb: int) -> None:
+        """A unit evicted from HBM is written to the host tier (already there: it only becomes the most
+        recent), the tier's least recent units dropped to make room."""
+        host = self.host
+        if key in host:
+            host.move_to_end(key)
+            return
+        if nb > self.host_blocks:
+            return  # larger than the whole tier: never stored
+        while self.host_used + nb > self.host_blocks:
+            _, old = host.popitem(last=False)
+            self.host_used -= old
+            self.host_evicted_units += 1
+            self.host_evicted_blocks += old
+        host[key] = nb
+        self.host_used += nb
+
+    def match_host(self, keys: np.ndarray) -> int:
+        """How many leading units of `keys` the host tier holds (the units after a request's HBM hit)."""
+        host = self.host
+        h = 0
+        for k in keys.tolist():
+            if k not in host:
+                break
+            h += 1
+        return h
+
+    def load(self, keys: np.ndarray) -> int:
+        """Load these host-tier units back into HBM for a new sequence, which references them (they
+        stay in the host tier, now its most recent). Returns the KV blocks they take (from the
+        engine's free blocks, like a fresh allocation)."""
+        host, ref, nb = self.host, self.ref, self.nb
+        taken = 0
+        for k in keys.tolist():
+            b = host[k]
+            host.move_to_end(k)
+            assert k not in ref  # (a unit in HBM ends the match before the host tier's)
+            ref[k] = 1
+            nb[k] = b
+            taken += b
+        return taken
 
     def match(self, keys: np.ndarray) -> int:
         """How many leading units of `keys` are cached (referenced or not)."""

@@ -51,7 +51,8 @@ class RunOutput:
     after) and the follow-load speculation switches (`follow_load`: time, load, speculating
     after); each None when the run had no such process. `window_start_s`, `window_end_s`: the
     metric window [start, end) when the run itself decides it (a closed loop: `run_closed`), else
-    None (start None: warmup_s)."""
+    None (start None: warmup_s). `host_evicted_blocks`: the KV blocks the replicas' host tiers dropped
+    over the whole run (None without a host tier)."""
 
     requests: pd.DataFrame
     steps: pd.DataFrame
@@ -67,6 +68,7 @@ class RunOutput:
     follow_load: list[tuple[float, float, bool]] | None = None
     window_end_s: float | None = None
     window_start_s: float | None = None
+    host_evicted_blocks: int | None = None
 
 
 def fixed_set_window(sent: np.ndarray, completion: np.ndarray | None, warmup_s: float,
@@ -428,6 +430,8 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         req_df["prefill_cached_tokens"] = reqs.prefill_cached
         req_df["prefill_computed_tokens"] = reqs.prefill_computed
         req_df["prefill_tokens"] = reqs.prefill_tokens
+        if rt.host_kv_blocks:  # a host tier behind the prefix cache
+            req_df["host_cached_tokens"] = reqs.host_cached
     # one array per column, built block by block (no second copy of the rows), and not copied again
     steps = pd.DataFrame(log.columns(STEP_INT_COLUMNS), copy=False)
     return RunOutput(req_df, steps, truncated, float(env.now), rejected=rejected,
@@ -436,7 +440,13 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
                      stopped_early=failed.value if failed is not None and failed.triggered else None,
                      fleet=fleet.timeline if fleet is not None else None,
                      autoscale=scaler.decisions if scaler is not None else None,
-                     follow_load=follow.switches if follow is not None else None)
+                     follow_load=follow.switches if follow is not None else None,
+                     host_evicted_blocks=host_evicted(replicas) if rt.host_kv_blocks else None)
+
+
+def host_evicted(replicas: list[Replica]) -> int:
+    """KV blocks the replicas' host tiers dropped (sim/prefix_cache.py)."""
+    return sum(r.cache.host_evicted_blocks for r in replicas if r.cache is not None)
 
 
 LATE = EventPriority(2)  # a SimPy event priority after URGENT (0) and NORMAL (1): processed after both at its instant

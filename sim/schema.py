@@ -182,6 +182,10 @@ class Deployment(_Strict):
     # carry block hashes (a Mooncake trace's hash_ids, [workload] conversations) are kept and
     # reused; requests without hashes are unaffected (docs/MODEL.md, 'Prefix caching')
     prefix_caching: bool = True
+    # a host-memory tier behind each replica's prefix cache (GiB of CPU memory per replica; 0: none):
+    # blocks evicted from HBM are kept there and loaded back over the host link on a hit (docs/MODEL.md,
+    # 'Prefix caching'); at most the GPU's host memory x the replica's GPUs (models.catalog.GPU.host_mem_gib)
+    host_kv_gib: Annotated[float, Field(ge=0)] = 0.0
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     engine: str = DEFAULT_PROFILE  # an engine profile (models.engines): vllm-v1, vllm-0.6, sglang, trtllm, ...
     distilled_from: str | None = None

@@ -244,7 +244,7 @@ def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop
     tp = summarise(req, steps, warmup_s=warm, end_s=end_s, replicas=rack.replicas,
                    gpus_per_replica=rack.gpus / rack.replicas, peak_flops=rack.peak_flops,
                    mem_bw=rack.mem_bw, slo=targets, busy_scale=busy_scale,
-                   rejected_arrival_s=out.rejected_arrival_s)
+                   rejected_arrival_s=out.rejected_arrival_s, host_evicted_blocks=out.host_evicted_blocks)
     if loop == "open":
         ramp = conversation_ramp_s(wl.conversations) if wl.conversations is not None else 0.0
         judged = stability(req, warmup_s=warm, end_s=end_s, truncated=out.truncated, ramp_s=ramp)

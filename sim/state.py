@@ -74,7 +74,8 @@ class ReplicaState:
         self.rid[:] = -1
         self.free_blocks = rt.plan.num_blocks  # truly free + unreferenced cached (evictable) blocks
         # prefix caching, decided once: only when enabled and some request carries block hashes
-        self.cache = PrefixCache() if (rt.prefix_caching and reqs.unit_off is not None) else None
+        self.cache = PrefixCache(rt.host_kv_blocks) if (rt.prefix_caching and reqs.unit_off is not None) else None
+        self.load_s = 0.0  # host-tier loads of the admissions of the step being planned (`attach_prefix`)
         self.waiting: deque[int] = deque()
         self.n_running = 0
         self.gone: list[tuple[float, int]] = []  # a fused run in flight: (time, sequences) completing inside it
@@ -166,36 +167,60 @@ class ReplicaState:
         return reqs.unit_key[lo:hi], reqs.unit_cum[lo:hi], reqs.unit_nb[lo:hi]
 
     def hit(self, rid: int, tokens: int) -> tuple[int, int]:
-        """(units, KV blocks) of rid's longest cached prefix that leaves at least one of its
+        """(units, KV blocks) of rid's longest prefix cached in HBM that leaves at least one of its
         `tokens` to compute (the last token's logits are needed: vLLM caps a hit at tokens - 1)."""
+        h, blocks, _, _ = self.hit_tiers(rid, tokens)
+        return h, blocks
+
+    def hit_tiers(self, rid: int, tokens: int) -> tuple[int, int, int, int]:
+        """`hit` and its continuation in the host tier: (HBM units, HBM KV blocks, host units after
+        them, their KV blocks), together capped at tokens - 1 as `hit` is."""
         cache = self.cache
         assert cache is not None
         keys, cum, _ = self.units(rid)
         cache.reclaim(self.free_blocks)
         h = cache.match(keys)
-        h = min(h, int(np.searchsorted(cum, (tokens - 1) // BLOCK_SIZE, side="right")))
-        return h, (int(cum[h - 1]) if h else 0)
+        cap = int(np.searchsorted(cum, (tokens - 1) // BLOCK_SIZE, side="right"))
+        hh = min(cache.match_host(keys[h:]), cap - h) if (cache.host_blocks and h < cap) else 0
+        h = min(h, cap)
+        blocks = int(cum[h - 1]) if h else 0
+        return h, blocks, hh, (int(cum[h + hh - 1]) - blocks if hh else 0)
 
     def prefix_match_tokens(self, rid: int) -> int:
-        """Tokens of rid's prompt this replica holds cached (for the prefix-affinity router)."""
+        """Tokens of rid's prompt this replica holds cached, in HBM or its host tier (for the
+        prefix-affinity router)."""
         if self.cache is None:
             return 0
-        _, blocks = self.hit(rid, int(self.reqs.prompt[rid]) + 1)
-        return blocks * BLOCK_SIZE
+        _, blocks, _, host_blocks = self.hit_tiers(rid, int(self.reqs.prompt[rid]) + 1)
+        return (blocks + host_blocks) * BLOCK_SIZE
 
     def attach_prefix(self, i: int, rid: int) -> None:
-        """At admission: reference the request's cached prefix; its prefill starts after it (the
-        cost model then charges the chunks' attention over the cached context)."""
+        """At admission: reference the request's prefix cached in HBM, then load the host tier's
+        continuation of it, whole units while the free KV blocks hold them (each load's seconds,
+        its KV bytes per GPU over the GPU's host link, join `load_s`: the price of the step that
+        admits it); its prefill starts after them (the cost model then charges the chunks'
+        attention over the cached context)."""
         reqs, cache = self.reqs, self.cache
         assert cache is not None
         target = int(self.target[i])
-        h, blocks = self.hit(rid, target)
-        self.free_blocks -= cache.acquire(self.units(rid)[0][:h])
+        h, blocks, hh, _ = self.hit_tiers(rid, target)
+        keys, cum, _ = self.units(rid)
+        self.free_blocks -= cache.acquire(keys[:h])
+        loaded = 0
+        if hh:  # host units whose blocks fit in the free blocks left, whole, in chain order
+            hh = int(np.searchsorted(cum[h:h + hh], blocks + self.free_blocks, side="right"))
+            if hh:
+                loaded = cache.load(keys[h:h + hh])
+                self.free_blocks -= loaded
+                self.load_s += loaded * self.rt.host_load_s_per_block
+                h += hh
+        blocks += loaded
         self.computed[i] = blocks * BLOCK_SIZE  # the prefill starts at the first uncached block
         self.blocks[i] = self.c_blocks[i] = blocks
         self.n_units[i] = h
         if np.isnan(reqs.scheduled[rid]):  # the first admission (set just after it)
             reqs.cached_tokens[rid] = blocks * BLOCK_SIZE
+            reqs.host_cached[rid] = loaded * BLOCK_SIZE
         reqs.prefill_cached[rid] += blocks * BLOCK_SIZE
         reqs.prefill_tokens[rid] += target
 

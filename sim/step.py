@@ -268,9 +268,9 @@ def fits_whole(rep: ReplicaState, rid: int, budget: int, alone: bool) -> bool:
     if pre is not None:  # the transferred KV is not computed, but takes its blocks
         tokens -= int(pre[rid])
     if rep.cache is not None:
-        h, blocks = rep.hit(rid, tokens)
-        tokens -= blocks * BLOCK_SIZE
-        need -= blocks
+        h, blocks, _, host_blocks = rep.hit_tiers(rid, tokens)
+        tokens -= (blocks + host_blocks) * BLOCK_SIZE  # (host-tier blocks are loaded, not computed ...
+        need -= blocks  # ... and take free blocks like a fresh allocation)
         if h:  # unreferenced cached blocks of the hit are free capacity the admission takes
             need += rep.cache.evictable_blocks(rep.units(rid)[0][:h])
     return whole_fits(tokens, need, budget, alone, rep.free_blocks)
@@ -403,6 +403,9 @@ def plan_step(rep: ReplicaState, separate: bool, decode_due: bool) -> StepPlan:
         step.n_dec, ctx_dec, step.k, len(chunk_idx), step.pre_tokens, step.pre_ctx, step.pre_pairs, plan)
     if rep.reqs.draft_pending is not None and chunk_idx:
         draft_recompute(rep, step)
+    if rep.load_s:  # the step waits for its admissions' host-tier loads (`ReplicaState.attach_prefix`)
+        step.total_s += rep.load_s
+        rep.load_s = 0.0
     return step
 
 

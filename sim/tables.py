@@ -143,6 +143,7 @@ class Requests:
         self.unit_cum = np.zeros(0, dtype=np.int64)
         self.unit_nb = np.zeros(0, dtype=np.int64)
         self.cached_tokens = np.zeros(n, dtype=np.int64)  # prompt tokens found cached at the first admission
+        self.host_cached = np.zeros(n, dtype=np.int64)  # ... of them, loaded from the host tier
         self.prefill_cached = np.zeros(n, dtype=np.int64)  # prefill tokens served from the cache (all admissions)
         self.prefill_computed = np.zeros(n, dtype=np.int64)  # prefill tokens computed (all admissions)
         # tokens the admissions prefilled, cached or computed: the prompt, plus after a preemption what

@@ -143,10 +143,19 @@ def cache_line(s: dict[str, Any]) -> str:
         again = (f"; {s['preemptions']:,} preemptions of {s['preempted_requests']:,} requests: "
                  f"{s['prefill_tokens_after_preemption']:,} tokens prefilled again, "
                  f"{s['prefill_tokens_cached_after_preemption']:,} of them from the cache")
-    return (f"  prefix cache: {s['cache_hit_rate']:.1%} of prompt tokens cached at first admission "
+    host = ""
+    if "cache_host_hit_rate" in s:  # a host tier behind the cache: the hit by tier, and its TTFT
+        evicted = s["host_evicted_blocks"]
+        host = (f" (HBM {s['cache_hbm_hit_rate']:.1%}, host tier {s['cache_host_hit_rate']:.1%}"
+                f"{'' if evicted is None else f', {evicted:,} blocks evicted from it'})")
+        ttft = (f"{_ms(s['ttft_hbm_hit_s']['mean'])} on an HBM hit, {_ms(s['ttft_host_hit_s']['mean'])} on a "
+                f"host-tier hit")
+    else:
+        ttft = f"{_ms(s['ttft_hit_s']['mean'])} on a hit"
+    return (f"  prefix cache: {s['cache_hit_rate']:.1%} of prompt tokens cached at first admission{host} "
             f"({s['cache_request_hit_rate']:.0%} of requests hit), {s['prefill_tokens_saved']:,} prefill tokens saved "
             f"there, {s['prefill_tokens_computed']:,} computed in all{again}; TTFT mean "
-            f"{_ms(s['ttft_hit_s']['mean'])} on a hit, {_ms(s['ttft_miss_s']['mean'])} on a miss")
+            f"{ttft}, {_ms(s['ttft_miss_s']['mean'])} on a miss")
 
 
 def _ms(x: float) -> str:
