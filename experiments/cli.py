@@ -77,5 +77,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def entry() -> None:
+    """The `specrack` command: `main`, then out at once. Everything a command writes is closed by
+    then (files, process pools, Dask clients are context-managed), so the interpreter's teardown,
+    which frees every object one by one (about 0.09 s after a plain run), only costs time: the
+    streams are flushed and the process ends (`os._exit`)."""
+    rc = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (BrokenPipeError, OSError):  # (a closed pipe: `specrack list | head`)
+        rc = rc or 1
+    os._exit(rc)
+
+
 if __name__ == "__main__":
     sys.exit(main())

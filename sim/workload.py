@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy.special import ndtri
 
 from models.errors import ConfigError
 from models.memory import BLOCK_SIZE
@@ -87,6 +86,7 @@ class LengthSampler:
         if isinstance(d, Fixed):
             return float(d.value)
         if isinstance(d, LogNormal):  # of the lengths as sampled, rounded and clipped to [1, max]
+            from scipy.special import ndtri  # (heavy: loaded only when a mean is asked for)
             sigma = np.log(d.p90 / d.median) / Z90
             q = (np.arange(MEAN_QUANTILES) + 0.5) / MEAN_QUANTILES
             return float(np.clip(np.rint(d.median * np.exp(sigma * ndtri(q))), 1, d.max).mean())
