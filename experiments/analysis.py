@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy import special
 
 from sim.attribution import CAUSES, PARTS, attribute, main_cause, shares
 
@@ -59,7 +59,7 @@ def speedups(df: pd.DataFrame, reference: str = "baseline", x: str = "utilisatio
             mean = float(r.mean())
             if r.size > 1 and r.std(ddof=1) > 0:
                 if r.size not in t975:
-                    t975[r.size] = float(stats.t.ppf(0.975, r.size - 1))
+                    t975[r.size] = float(special.stdtrit(r.size - 1, 0.975))  # (Student t quantile: stats.t.ppf)
                 half = float(t975[r.size] * r.std(ddof=1) / np.sqrt(r.size))
             else:
                 half = 0.0

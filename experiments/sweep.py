@@ -285,18 +285,22 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _own_capacity(sc: Scenario) -> Capacity:
-    return capacity(sc, speculative=True)
+def _own_capacity(sc: Scenario, cache: str | None = None) -> Capacity:
+    """The deployment's own capacity (speculation as configured), read from or kept in the on-disk
+    capacity cache `cache` (`sim.capacity.CapacityStore`) when given."""
+    return capacity(sc, speculative=True, store=CapacityStore(cache) if cache else None)
 
 
-def plan_points(spec: SweepSpec, jobs: int | None = 1, pool: cf.Executor | None = None
-                ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+def plan_points(spec: SweepSpec, jobs: int | None = 1, pool: cf.Executor | None = None,
+                cache: str | Path | None = None) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
     """All (variant, utilisation, seed) tasks, and each variant's own capacity (peak sustainable
     rate, full-batch throughput, peak and the closed-loop curve behind them). Each distinct
     deployment is measured once (the reference and the baseline variant are one), in parallel
     processes when `jobs` allows, or in `pool` (then the capacities other than the reference's,
     which the tasks' rates need, come back as futures in caps["_pending"], measured while the
-    tasks run: `finish_caps`). A concurrency sweep measures no capacity (empty figures)."""
+    tasks run: `finish_caps`). A concurrency sweep measures no capacity (empty figures). `cache`: a
+    capacity cache folder (`sim.capacity.default_cache_dir`), so a sweep run again measures none."""
+    folder = None if cache is None else str(cache)
     if spec.concurrency:
         scs = [spec.base.with_overrides(v.overrides) for v in spec.variants]
         tasks: list[Any] = []
@@ -318,15 +322,15 @@ def plan_points(spec: SweepSpec, jobs: int | None = 1, pool: cf.Executor | None 
     for k, sc in zip(keys, scs, strict=True):
         todo.setdefault(k, sc)
     if pool is not None:
-        futs = {k: pool.submit(_own_capacity, sc) for k, sc in todo.items()}
+        futs = {k: pool.submit(_own_capacity, sc, folder) for k, sc in todo.items()}
         ref_cap = futs[ref_key].result()
         return _tasks(spec, scs, ref_key, {ref_key: ref_cap}), {"_pending": {"futures": futs, "keys": keys, "ref": ref_cap}}
     workers = min(jobs or os.cpu_count() or 1, len(todo))
     if workers > 1:
         with cf.ProcessPoolExecutor(max_workers=workers, initializer=die_with_parent, initargs=(os.getpid(),)) as ex:
-            measured = dict(zip(todo, ex.map(_own_capacity, todo.values()), strict=True))
+            measured = dict(zip(todo, ex.map(_own_capacity, todo.values(), [folder] * len(todo)), strict=True))
     else:
-        measured = {k: _own_capacity(sc) for k, sc in todo.items()}
+        measured = {k: _own_capacity(sc, folder) for k, sc in todo.items()}
     return _tasks(spec, scs, ref_key, measured), _caps(spec, keys, measured, measured[ref_key])
 
 
@@ -392,8 +396,9 @@ def check_out_dir(out: Path, flag: str = "--out") -> None:
 
 
 def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, executor: str | cf.Executor = "process",
-              progress: bool = True) -> tuple[pd.DataFrame, dict[str, dict[str, float]]]:
-    """Run (or resume) a sweep into `out`; returns the tidy table and the variants' capacities."""
+              progress: bool = True, cache: str | Path | None = None) -> tuple[pd.DataFrame, dict[str, dict[str, float]]]:
+    """Run (or resume) a sweep into `out`; returns the tidy table and the variants' capacities.
+    `cache`: a capacity cache folder to read and keep the variants' capacities in (None: none)."""
     out = Path(out)
     check_out_dir(out)
     pts = out / "points"
@@ -404,17 +409,18 @@ def run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None = None, exec
         # one pool for the capacities and the points: the points start as soon as the reference's is known
         pool = cf.ProcessPoolExecutor(max_workers=procs, initializer=die_with_parent, initargs=(os.getpid(),))
     try:
-        return _run_sweep(spec, out, jobs=jobs, executor=executor, progress=progress, pool=pool)
+        return _run_sweep(spec, out, jobs=jobs, executor=executor, progress=progress, pool=pool, cache=cache)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
 
 
 def _run_sweep(spec: SweepSpec, out: str | Path, *, jobs: int | None, executor: str | cf.Executor, progress: bool,
-               pool: cf.ProcessPoolExecutor | None) -> tuple[pd.DataFrame, dict[str, dict[str, float]]]:
+               pool: cf.ProcessPoolExecutor | None, cache: str | Path | None = None
+               ) -> tuple[pd.DataFrame, dict[str, dict[str, float]]]:
     out = Path(out)
     pts = out / "points"
-    tasks, caps = plan_points(spec, jobs if isinstance(executor, str) and executor == "process" else 1, pool)
+    tasks, caps = plan_points(spec, jobs if isinstance(executor, str) and executor == "process" else 1, pool, cache)
     # rows are kept per task; the cache file is per scenario content and seed, so two variants with
     # identical scenarios share one computation and a renamed variant reuses its points
     rows: dict[int, dict[str, Any]] = {}

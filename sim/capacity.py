@@ -283,7 +283,7 @@ CACHE_OFF = ("off", "0", "false", "no", "none")
 
 
 def default_cache_dir() -> Path | None:
-    """Where `specrack run` and `specrack capacity` keep measured capacities between runs:
+    """Where `specrack run`, `capacity` and `sweep` keep measured capacities between runs:
     $SPECRACK_CAPACITY_CACHE (`off` for none), else $XDG_CACHE_HOME/specrack/capacity, else
     ~/.cache/specrack/capacity."""
     env = os.environ.get(CACHE_ENV, "").strip()

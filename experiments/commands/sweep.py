@@ -18,6 +18,7 @@ from experiments.report import report_figures, write_report
 from experiments.sweep import check_out_dir, curve_rows, executor_for, load_sweep, run_sweep, write_tables
 from models import _native
 from models.errors import ConfigError
+from sim.capacity import CACHE_ENV, default_cache_dir
 
 
 def add_parser(sub: Any, name: str, summary: str) -> None:
@@ -30,6 +31,9 @@ def add_parser(sub: Any, name: str, summary: str) -> None:
                    help="process: local process pool (default); dask-local: a Dask LocalCluster; dask: --scheduler")
     w.add_argument("--scheduler", default=None, help="Dask scheduler address for --executor dask, e.g. tcp://10.0.0.5:8786")
     w.add_argument("--scheduler-timeout", type=float, default=10.0, help="seconds to wait for the Dask scheduler")
+    w.add_argument("--no-cache", action="store_true",
+                   help="measure the variants' capacities anew, neither reading nor writing the capacity cache "
+                        f"(${CACHE_ENV}; default ~/.cache/specrack/capacity)")
     image_flags(w)
     w.set_defaults(fn=run)
 
@@ -63,7 +67,8 @@ def run(a: argparse.Namespace) -> int:
     try:
         with executor_for(a.executor, jobs=a.jobs, scheduler=getattr(a, "scheduler", None),
                           timeout_s=getattr(a, "scheduler_timeout", 10.0)) as executor:
-            df, caps = run_sweep(spec, out, jobs=a.jobs, executor=executor)
+            df, caps = run_sweep(spec, out, jobs=a.jobs, executor=executor,
+                                 cache=None if a.no_cache else default_cache_dir())
     except KeyboardInterrupt:
         print(f"\ninterrupted: finished points are in {out / 'points'}; run the same command again to resume",
               file=sys.stderr)
