@@ -185,6 +185,8 @@ def min_pools(spec: PlanSpec, c: dict[str, Any], gpu: str, rate: float, best_usd
         if d_max < d_lb or usd(p, d_lb) > bound:
             break
         hi_cap = d_max if d_top is None else min(d_max, d_top - 1)
+        while hi_cap >= d_lb and usd(p, hi_cap) > bound:  # (a rack costing more than the best passing one)
+            hi_cap -= 1
         if hi_cap < d_lb:
             break
         lo, hi = d_lb - 1, d_lb
@@ -231,7 +233,8 @@ def disagg_row(spec: PlanSpec, c: dict[str, Any], gpu: str, rate: float, found: 
         p, d = pd_
         ev = found["cache"][(p, d)]
         row["layout"] = label(p, d, int(row["prefill_tp"]), int(row["tp"]))
-        row["reason"] = f"SLO not met even with {p} prefill and {d} decode replicas"
+        row["reason"] = (f"SLO not met even with {p} prefill and {d} decode replicas (the largest rack tried: within "
+                         "max_gpus and no dearer than the best passing rack)")
         miss = closest_columns(ev, rate=rate, cap_rps=None, per=c["per_d"], replicas=d, extra=0, max_gpus=spec.max_gpus)
         miss.update(closest_replicas=p + d, closest_gpus=p * c["per_p"] + d * c["per_d"])
         row.update(miss)

@@ -144,3 +144,12 @@ def test_the_default_searches_aggregated_racks_only_and_bad_layouts_are_one_line
         with pytest.raises(ConfigError) as err:
             load_plan(plan_file(tmp_path, **SHORT, slo=slo, layouts=layouts))
         assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("quick", [False, True], ids=["full", "quick"])
+def test_the_bundled_disaggregation_plan_reads_as_written(quick: bool) -> None:
+    spec = load_plan(Path(__file__).resolve().parents[1] / "experiments" / "plans" / "disagg-70b.toml", quick=quick)
+    assert spec.search.layouts == ("aggregated", "disaggregated") and spec.rate_rps == 2.0
+    assert spec.base.deployment.model == "llama-3.1-70b" and spec.base.disaggregation is None
+    assert spec.search.configurations is not quick
+    assert "layouts aggregated, disaggregated" in spec.inputs()["configuration search"] or quick
