@@ -20,10 +20,11 @@ import pandas as pd
 
 from experiments.plan_cost import parse_cost
 from experiments.plan_day import DaySpec, day_traffic, parse_day
+from experiments.plan_disagg import search_layouts
 from experiments.plan_headroom import add_headroom, headroom, headroom_tasks, measure_capacities, measure_ladders
 from experiments.plan_miss import another_gpu
 from experiments.plan_racks import scenario_for
-from experiments.plan_search import pareto, plan_row, rank, search_row
+from experiments.plan_search import pareto, plan_row, rank
 from experiments.plan_spec import PlanSpec
 from experiments.plan_store import ladder_of
 from experiments.plan_studies import (
@@ -88,9 +89,17 @@ def load_plan(path: str | Path, quick: bool = False, points: str | Path | None =
     seeds = _seeds(search)
     strategies = parse_strategies(d)
     not_applicable = _applicability(p.name, base, strategies, gpus, prices, tr)
-    _check_reachable(p.name, base, strategies, gpus, prices, tr.headline_rps, max_gpus, not_applicable, pts, jobs)
-    floor = num(q, "floor_tail", "quality", 0.0, lo=0, hi=1)
     search_spec = parse_search(search)
+    if base.disaggregation is not None:
+        raise ConfigError(f"{p.name}: base: the plan sizes its racks itself; remove [disaggregation] from the base "
+                          "scenario and set search.layouts = ['aggregated', 'disaggregated']")
+    if "disaggregated" in search_spec.layouts and (tr.kind != "rate" or day is not None):
+        raise ConfigError("search.layouts: the disaggregated layout is searched for a constant rate only (traffic.rate_rps, "
+                          "no [day]); set search.layouts = ['aggregated'] or use traffic.rate_rps")
+    # (a disaggregated rack's decode pool may carry more per GPU than an aggregated one: no refusal then)
+    _check_reachable(p.name, base, strategies, gpus, prices, tr.headline_rps,
+                     max_gpus if search_spec.layouts == ("aggregated",) else 10**9, not_applicable, pts, jobs)
+    floor = num(q, "floor_tail", "quality", 0.0, lo=0, hi=1)
     cost = parse_cost(d["cost"], gpus, search_spec.gpus_per_node)
     expected = measured_requests(tr, base.workload.duration_s, warm)
     warnings: list[str] = []
@@ -277,7 +286,7 @@ def run_search(spec: PlanSpec, jobs: int | None = None, prune: bool = True,
     `pareto`)."""
     measure_capacities(spec, jobs, "capacities" if label else "")
     tasks = [(spec, s, g, spec.rate_rps, prune) for g in spec.gpus for s in spec.strategies]
-    found = pmap(search_row, tasks, jobs, label)
+    found = pmap(search_layouts, tasks, jobs, label)
     configs = pd.DataFrame([c for f in found for c in f["configs"]])
     if len(configs):
         configs["cost_mode"] = spec.cost.mode

@@ -101,7 +101,10 @@ def _headroom_rows(ranked: pd.DataFrame) -> pd.DataFrame:
     """The leading HEADROOM_TOP passing options, whose racks' headroom is measured."""
     if "feasible" not in ranked:
         return ranked.iloc[:0]
-    return ranked[ranked.feasible.astype(bool)].head(HEADROOM_TOP)
+    ok = ranked.feasible.astype(bool)
+    if "layout" in ranked:  # a disaggregated rack's headroom is not searched (experiments.plan_disagg)
+        ok &= ranked.layout.fillna("aggregated") == "aggregated"
+    return ranked[ok].head(HEADROOM_TOP)
 
 
 def headroom_tasks(spec: PlanSpec, ranked: pd.DataFrame) -> list[tuple[Any, ...]]:

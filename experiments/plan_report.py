@@ -240,7 +240,9 @@ def _usd(v: Any, digits: int = 0) -> str:
 
 def _config(r: Any) -> str:
     k = r.get("k")
-    return (f"TP{int(r.tp)} · MBT {int(r.max_num_batched_tokens)} · seqs {int(r.max_num_seqs)}"
+    lay = r.get("layout")
+    pre = f"{html.escape(lay)} · " if isinstance(lay, str) and lay not in ("", "aggregated") else ""
+    return (pre + f"TP{int(r.tp)} · MBT {int(r.max_num_batched_tokens)} · seqs {int(r.max_num_seqs)}"
             + ("" if k is None or k != k else f" · k {int(k)}"))
 
 

@@ -292,8 +292,21 @@ def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
         row["evaluations"] += 1
     price = sm["usd_per_gpu_hour"]
     row.update(
+        layout="aggregated",
         replicas=replicas, gpus=replicas * per, gpus_per_replica=per, redundancy=rules.redundancy,
-        one_fewer_meets_slo=True if extra else r["one_fewer_meets_slo"],
+        one_fewer_meets_slo=True if extra else r["one_fewer_meets_slo"])
+    if cap_rps is not None:
+        row.update(capacity_per_replica_rps=cap_rps, capacity_rps=cap_rps * replicas,
+                   utilisation=rate / (cap_rps * replicas))
+    cost = monthly_cost(spec.cost, gpu, price, replicas, per, rules.gpus_per_node, sm["gpu_busy_fraction"])
+    return run_columns(spec, row, sm, cost, one)
+
+
+def run_columns(spec: PlanSpec, row: dict[str, Any], sm: dict[str, Any], cost: dict[str, Any],
+                one: Scenario) -> dict[str, Any]:
+    """A passing rack's row completed from its judged run `sm` and its monthly cost split `cost`
+    (`monthly_cost`): the run's figures, every SLO check, the totals and the rejected requests."""
+    row.update(
         simulated_rate_rps=sm["offered_rps"], judged_requests=sm["judged_requests"], itl_samples=sm["itl_samples"],
         run_warmup_s=sm.get("run_warmup_s"), run_window_s=sm.get("run_window_s"),
         verdict=sm["verdict"],
@@ -302,15 +315,12 @@ def plan_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, start: int = 1,
         tpot_mean_s=sm["tpot_s"]["mean"], e2e_p99_s=sm["e2e_s"]["p99"], mfu=sm["mfu"], mean_batch_size=sm["mean_batch_size"],
         gpu_busy_fraction=sm["gpu_busy_fraction"], throughput_tok_s=sm["throughput_tok_s"],
         quality_in_distribution=sm["quality_in_distribution"], quality_tail=sm["quality_tail"],
-        usd_per_gpu_hour=price,
+        usd_per_gpu_hour=sm["usd_per_gpu_hour"],
     )
     if "cache_hit_rate" in sm:  # prefix caching acted (requests carry block hashes): docs/METRICS.md
         row.update(cache_hit_rate=sm["cache_hit_rate"], prefill_tokens_saved=sm["prefill_tokens_saved"],
                    ttft_hit_p99_s=sm["ttft_hit_s"]["p99"], ttft_miss_p99_s=sm["ttft_miss_s"]["p99"])
-    if cap_rps is not None:
-        row.update(capacity_per_replica_rps=cap_rps, capacity_rps=cap_rps * replicas,
-                   utilisation=rate / (cap_rps * replicas))
-    row.update(monthly_cost(spec.cost, gpu, price, replicas, per, rules.gpus_per_node, sm["gpu_busy_fraction"]))
+    row.update(cost)
     row["retraining_usd_per_month"] = sm["retraining_usd_per_month"]
     for key, c in sm["slo"].items():  # every check by name: slo_ttft_p99_s_value, _target, _met
         row[f"slo_{key}_value"], row[f"slo_{key}_target"], row[f"slo_{key}_met"] = c["value"], c["target"], c["met"]
@@ -402,7 +412,7 @@ def search_row(spec: PlanSpec, s: Strategy, gpu: str, rate: float, prune: bool =
     # loaded (_check_reachable), and forked workers inherit them
     for cfg in grid(spec, s, gpu, rate):
         sc_s = configured(s, spec.base, cfg)
-        base_row: dict[str, Any] = {"strategy": s.name, "gpu": gpu, **cfg}
+        base_row: dict[str, Any] = {"strategy": s.name, "gpu": gpu, "layout": "aggregated", **cfg}
         try:
             one = one_replica(spec, sc_s, gpu, rate)
         except ConfigError as err:
@@ -485,7 +495,7 @@ def _no_rack(spec: PlanSpec, s: Strategy, gpu: str, rate: float, configs: list[d
                                             c.get("miss_ratio") or 0.0, c["status"] != "fails"))
     near = ranked[0] if ranked else {"reason": "no configuration"}
     applicable = any(c["status"] != "not applicable" for c in configs)
-    row = {"strategy": s.name, "gpu": gpu, "rate_rps": rate, "feasible": False,
+    row = {"strategy": s.name, "gpu": gpu, "layout": "aggregated", "rate_rps": rate, "feasible": False,
            "engine_profile": resolve(str(s.overrides.get("deployment.engine", spec.base.deployment.engine))),
            "reason": ("" if applicable else "not applicable: ") + str(near.get("reason", ""))
            + (f" (the closest of {len(configs)} configurations)" if len(configs) > 1 else ""),

@@ -40,7 +40,7 @@ def curve_tasks(spec: PlanSpec, answer: pd.DataFrame) -> list[tuple[Any, ...]]:
     for g in spec.gpus:
         for s in spec.strategies:
             hit = answer[(answer.strategy == s.name) & (answer.gpu == g)]
-            found = len(hit) and bool(hit.feasible.iloc[0])
+            found = len(hit) and bool(hit.feasible.iloc[0]) and hit.iloc[0].get("layout", "aggregated") in ("aggregated", None)
             base_rep = int(hit.replicas.iloc[0]) if found else 1
             chosen = configured(s, spec.base, row_config(hit.iloc[0])) if found else s  # the plan's configuration
             for m in spec.curve_multipliers:
@@ -193,7 +193,8 @@ def sensitivity(spec: PlanSpec, answer: pd.DataFrame, curves: pd.DataFrame | Non
 def _sensitivity_options(answer: pd.DataFrame) -> pd.DataFrame:
     """The winner and the runner-up: the two cheapest passing options that keep the quality floor."""
     floor = answer["passes_quality_floor"].fillna(False).astype(bool) if "passes_quality_floor" in answer else True
-    return answer[answer.feasible.astype(bool) & floor].head(2)
+    agg = answer.layout.fillna("aggregated") == "aggregated" if "layout" in answer else True  # (aggregated racks only)
+    return answer[answer.feasible.astype(bool) & floor & agg].head(2)
 
 
 def sensitivity_tasks(spec: PlanSpec, answer: pd.DataFrame) -> list[tuple[Any, ...]]:

@@ -22,6 +22,7 @@ from sim.traces import load_trace, trace_rate_rps
 
 TP_DEGREES = (1, 2, 4, 8)  # the tensor-parallel degrees searched by default (those that fit)
 DEFAULT_MBT = (2048, 8192)  # max_num_batched_tokens searched by default, with the base's own
+LAYOUTS = ("aggregated", "disaggregated")  # [search] layouts: prefill and decode on one pool, or on two
 DEFAULT_K = (2, 4)  # speculative k searched by default (speculating strategies), with the strategy's own
 
 
@@ -42,6 +43,7 @@ class SearchSpec:
     redundancy: str = "none"  # "none" | "n+1"
     max_utilisation: float | None = None  # offered rate <= this fraction of the rack's capacity
     gpus_per_node: int | None = None
+    layouts: tuple[str, ...] = ("aggregated",)  # "aggregated" and/or "disaggregated" (experiments.plan_disagg)
 
     def describe(self) -> str:
         if not self.configurations:
@@ -52,7 +54,8 @@ class SearchSpec:
                 f"{g(self.max_num_batched_tokens, str(list(DEFAULT_MBT)) + ' + the base')}, max_num_seqs "
                 f"{g(self.max_num_seqs, 'the base')}, k (speculating strategies) {g(self.k, str(list(DEFAULT_K)) + ' + the strategy' + chr(39) + 's')}; "
                 "pruned by capacity (more than rate / capacity per replica replicas) "
-                "and by the best passing cost so far")
+                "and by the best passing cost so far"
+                + ("; layouts " + ", ".join(self.layouts) if self.layouts != ("aggregated",) else ""))
 
     def rules(self) -> str:
         u = "none" if self.max_utilisation is None else f"offered <= {self.max_utilisation:g} x capacity"
@@ -110,7 +113,7 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "traffic": ("rate_rps", "trace", "trace_format", "growth", "window", "start_s", "end_s"),
     "search": ("gpus", "usd_per_gpu_hour", "max_gpus", "duration_s", "warmup_s", "seeds", "configurations", "tp",
                "max_num_batched_tokens", "max_num_seqs", "k", "min_replicas", "redundancy", "max_utilisation",
-               "gpus_per_node"),
+               "gpus_per_node", "layouts"),
     "cost": COST_KEYS,
     "quality": ("floor_tail", "teacher_updates_per_month", "training_gpu", "training_usd_per_gpu_hour"),
     "analyses": ("curve_multipliers", "map_utilisation", "map_acceptance", "shift_tail_shares", "shift_utilisation"),
@@ -295,6 +298,14 @@ def parse_search(search: dict[str, Any]) -> SearchSpec:
     if "gpus_per_node" in search:
         gpn = int(num(search, "gpus_per_node", "search", 8, lo=1, integer=True))
     grids = {k: ints(search, k, lo) for k, lo in (("tp", 1), ("max_num_batched_tokens", 16), ("max_num_seqs", 1), ("k", 1))}
+    layouts = tuple(strings(search, "layouts", "search", ["aggregated"]))
+    for lay in layouts:
+        if lay not in LAYOUTS:
+            raise ConfigError(f"search.layouts: unknown layout {lay!r}{near(lay, LAYOUTS)} (known: {', '.join(LAYOUTS)})")
+    if "disaggregated" in layouts and (red != "none" or util is not None):
+        key = "redundancy" if red != "none" else "max_utilisation"
+        raise ConfigError(f"search.{key}: not defined for a disaggregated rack (its capacity is not measured); remove it "
+                          "or set search.layouts = ['aggregated']")
     if not on:
         given = [k for k, v in grids.items() if v is not None]
         if given:
@@ -302,7 +313,7 @@ def parse_search(search: dict[str, Any]) -> SearchSpec:
     return SearchSpec(configurations=on, tp=grids["tp"], max_num_batched_tokens=grids["max_num_batched_tokens"],
                       max_num_seqs=grids["max_num_seqs"], k=grids["k"],
                       min_replicas=int(num(search, "min_replicas", "search", 1, lo=1, integer=True)),
-                      redundancy=red, max_utilisation=util, gpus_per_node=gpn)
+                      redundancy=red, max_utilisation=util, gpus_per_node=gpn, layouts=layouts)
 
 
 def parse_strategies(d: dict[str, Any]) -> list[Strategy]:

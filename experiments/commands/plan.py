@@ -110,7 +110,8 @@ def print_ranked(df: pd.DataFrame, spec: PlanSpec | None = None) -> None:
         return
     checks = [c.removeprefix("slo_").removesuffix("_value") for c in df.columns if c.startswith("slo_") and c.endswith("_value")]
     heads = [f"{c.split('_')[0].upper()} {c.split('_')[1]}" for c in checks]
-    print(f"{'rank':>4} {'strategy':<20} {'gpu':<9} {'TP':>2} {'MBT':>5} {'seqs':>4} {'k':>2} {'reps':>4} {'GPUs':>5} "
+    lay = "layout" in df and bool((df.layout.fillna("aggregated") != "aggregated").any())
+    print(f"{'rank':>4} {'strategy':<20} {'gpu':<9} " + (f"{'layout':<16} " if lay else "") + f"{'TP':>2} {'MBT':>5} {'seqs':>4} {'k':>2} {'reps':>4} {'GPUs':>5} "
           + " ".join(f"{h:>9}" for h in heads)
           + f" {'serving $/mo':>12} {'power $/mo':>10} {'total $/mo':>12} {'$/Mtok':>7} {'q tail':>6} {'max rps':>7}  floor"
           "  binding")
@@ -124,7 +125,8 @@ def print_ranked(df: pd.DataFrame, spec: PlanSpec | None = None) -> None:
         k = "-" if r.get("k") is None or r.get("k") != r.get("k") else f"{int(r.k)}"
         h = r.get("headroom_rps")
         hr = "-" if h is None or h != h else f"{float(h):.2f}"
-        print(f"{i + 1:>4} {r.strategy:<20} {r.gpu:<9} {int(r.tp):>2} {int(r.max_num_batched_tokens):>5} "
+        layout = f"{r.get('layout') or 'aggregated'!s:<16} " if lay else ""
+        print(f"{i + 1:>4} {r.strategy:<20} {r.gpu:<9} {layout}{int(r.tp):>2} {int(r.max_num_batched_tokens):>5} "
               f"{int(r.max_num_seqs):>4} {k:>2} {int(r.replicas):>4} {int(r.billed_gpus):>5} {vals} "
               f"{r.serving_usd_per_month:>12,.0f} {r.power_usd_per_month:>10,.0f} {r.total_usd_per_month:>12,.0f} "
               f"{r.usd_per_mtok_at_slo:>7.2f} {r.quality_tail:>6.3f} {hr:>7}  {'pass' if r.passes_quality_floor else 'FAIL'}"
