@@ -30,6 +30,12 @@ LADDER_PREFIX = "ladder-"  # a capacity ladder whose collapse is not refined yet
 STORE = CapacityStore()
 
 
+def use_cache(folder: str | Path | None) -> None:
+    """Keep the planner's capacities in the on-disk capacity cache too (`sim.capacity.default_cache_dir`;
+    None: none), so another plan over the same deployments measures none of them."""
+    STORE.folder = None if folder is None else Path(folder)
+
+
 def _read(path: Path) -> dict[str, Any] | None:
     """A finished point, or None when absent or unreadable (a half-written or foreign file: rerun)."""
     try:

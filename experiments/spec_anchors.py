@@ -14,7 +14,7 @@ let the rest of the shape come from the engine's costs; fit no coefficient to th
    deployment's capacity, to state the gap in points of utilisation.
 
 `python -m experiments.spec_anchors` prints the table (docs/CALIBRATION.md, 'Speculation under
-load'); tests/test_spec_anchors.py checks its shape on the committed factors.
+load.); tests/test_spec_load.py checks its shape on the committed factors.
 """
 
 from __future__ import annotations

@@ -426,7 +426,13 @@ class CapacityStore:
             if cap is not None:
                 return cap
             base = sc if speculative else baseline_of(sc)
-            self.ladders[key] = measure_ladder(base, base.seed)
+            lad = measure_ladder(base, base.seed)
+            if lad.collapse:
+                self.ladders[key] = lad
+            else:  # no collapse: the ladder is the capacity (`refine` keeps it as it is)
+                self.capacities[key] = lad
+                self._to_disk(key, lad)
+                return lad
         return self.ladders[key]
 
     def capacity(self, sc: Scenario, *, speculative: bool = False) -> Capacity:

@@ -19,7 +19,8 @@ from experiments.plan_day import print_day, run_day
 from experiments.plan_miss import rejection_line
 from experiments.plan_report import plan_images, write_plan_report
 from experiments.plan_spec import PlanSpec
-from experiments.plan_store import clean, count
+from experiments.plan_store import clean, count, use_cache
+from sim.capacity import CACHE_ENV, default_cache_dir
 from experiments.sweep import check_out_dir
 from models import _native
 from models.errors import ConfigError
@@ -32,6 +33,9 @@ def add_parser(sub: Any, name: str, summary: str) -> None:
     pl.add_argument("--quick", action="store_true", help="shorter runs and coarser analyses")
     pl.add_argument("--jobs", type=int, default=None)
     pl.add_argument("--no-analyses", action="store_true", help="only the ranked plan (no curves, map, shift)")
+    pl.add_argument("--no-cache", action="store_true",
+                    help="measure capacities anew, neither reading nor writing the capacity cache "
+                         f"(${CACHE_ENV}; default ~/.cache/specrack/capacity)")
     image_flags(pl)
     pl.set_defaults(fn=run)
 
@@ -54,6 +58,7 @@ def main_plan(a: Any) -> int:
         raise ConfigError(f"--out {out}: exists and is not a folder; name a folder for plan.csv and report.html")
     fresh = not out.exists()
     check_out_dir(out)
+    use_cache(None if getattr(a, "no_cache", False) else default_cache_dir())
     points = str(out / "points")
     clean(points)
     kept = count(points)
