@@ -20,10 +20,10 @@ from experiments.plan_miss import rejection_line
 from experiments.plan_report import plan_images, write_plan_report
 from experiments.plan_spec import PlanSpec
 from experiments.plan_store import clean, count, use_cache
-from sim.capacity import CACHE_ENV, default_cache_dir
 from experiments.sweep import check_out_dir
 from models import _native
 from models.errors import ConfigError
+from sim.capacity import CACHE_ENV, default_cache_dir
 
 
 def add_parser(sub: Any, name: str, summary: str) -> None:
