@@ -222,6 +222,13 @@ def gpus_per_replica(sc: ScenarioSpec) -> int:
     return sc.deployment.tensor_parallel + draft
 
 
+def draft_has_kv(sc: ScenarioSpec) -> bool:
+    """Whether speculation runs a draft with KV of its own, which a disaggregated rack transfers or
+    recomputes (a self-draft's KV is the target's own; n-gram and suffix draft nothing)."""
+    spec = sc.speculative
+    return spec is not None and spec.method != "self_spec" and _draft_model(sc) is not None
+
+
 def prefill_pool(sc: ScenarioSpec) -> ScenarioSpec:
     """A disaggregated scenario's prefill pool as a scenario of its own: its replicas of the same
     model, formats and engine at their tensor parallelism on their GPU. It carries the
@@ -231,7 +238,7 @@ def prefill_pool(sc: ScenarioSpec) -> ScenarioSpec:
     assert dis is not None
     gpu = dis.prefill_gpu or sc.rack.gpu
     tp = dis.prefill_tensor_parallel or sc.deployment.tensor_parallel
-    spec = sc.speculative if dis.draft_prefill != "recompute" and _draft_model(sc) is not None else None
+    spec = sc.speculative if dis.draft_prefill != "recompute" and draft_has_kv(sc) else None
     price = dis.prefill_usd_per_gpu_hour
     if price is None and gpu == sc.rack.gpu:
         price = sc.rack.usd_per_gpu_hour
@@ -259,8 +266,8 @@ def check_disaggregation(sc: ScenarioSpec) -> None:
     if spec is not None and spec.policy == "follow_load":
         raise ValueError("disaggregation: speculation policy 'follow_load' switches on the aggregated rack's load; "
                          "use policy 'fixed', 'disable_above_batch' or 'adaptive'")
-    if dis.draft_prefill is not None and _draft_model(sc) is None:
-        what = "no [speculative] table" if spec is None else f"method '{spec.method}' has no draft model"
+    if dis.draft_prefill is not None and not draft_has_kv(sc):
+        what = "no [speculative] table" if spec is None else f"method '{spec.method}' has no draft model with KV of its own"
         raise ValueError(f"disaggregation.draft_prefill: {what}, so there is no draft prefill to place; remove it")
     try:
         check_scenario(prefill_pool(sc))

@@ -37,8 +37,19 @@ Plain Python dicts: every operation costs O(units touched), never O(cache size) 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 
 import numpy as np
+
+
+def leading(keys: np.ndarray, held: Mapping[int, int]) -> int:
+    """How many leading units of `keys` are in `held` (a tier's units by key)."""
+    h = 0
+    for k in keys.tolist():
+        if k not in held:
+            break
+        h += 1
+    return h
 
 
 class PrefixCache:
@@ -91,13 +102,7 @@ class PrefixCache:
 
     def match_host(self, keys: np.ndarray) -> int:
         """How many leading units of `keys` the host tier holds (the units after a request's HBM hit)."""
-        host = self.host
-        h = 0
-        for k in keys.tolist():
-            if k not in host:
-                break
-            h += 1
-        return h
+        return leading(keys, self.host)
 
     def load(self, keys: np.ndarray) -> int:
         """Load these host-tier units back into HBM for a new sequence, which references them (they
@@ -116,13 +121,7 @@ class PrefixCache:
 
     def match(self, keys: np.ndarray) -> int:
         """How many leading units of `keys` are cached (referenced or not)."""
-        ref = self.ref
-        h = 0
-        for k in keys.tolist():
-            if k not in ref:
-                break
-            h += 1
-        return h
+        return leading(keys, self.ref)
 
     def evictable_blocks(self, keys: np.ndarray) -> int:
         """KV blocks of these (cached) units that are unreferenced: taking them uses free capacity."""
