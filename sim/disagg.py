@@ -31,7 +31,6 @@ prefills of tens to hundreds).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, cast
@@ -41,7 +40,7 @@ import pandas as pd
 
 from models.catalog import get_gpu, get_link, get_weight_format, peak_flops
 from models.cost import CostModel
-from sim.deployment import ReplicaRuntime, build_runtime, prefill_pool, rejection_reason
+from sim.deployment import ReplicaRuntime, build_runtime, draft_has_kv, prefill_pool, rejection_reason
 from sim.deployment import fits as request_fits
 from sim.run import RunOutput, run_table
 from sim.scenario import Scenario
@@ -76,8 +75,7 @@ def pools(sc: Scenario, rt: ReplicaRuntime | None = None) -> Pools:
     lat = dis.link_latency_us * 1e-6 if dis.link_latency_us is not None else link.latency_s
     drt = rt if rt is not None else build_runtime(sc)
     prt = build_runtime(psc)
-    drafts = drt.spec is not None and drt.spec.draft_cost is not None and sc.speculative is not None \
-        and sc.speculative.method not in ("self_spec",)
+    drafts = draft_has_kv(sc)
     transferred = drafts and psc.speculative is not None
     return Pools(psc, prt, drt, link.name, bw, lat, transferred, drafts and not transferred)
 
@@ -229,6 +227,23 @@ def _merge(rp: pd.DataFrame, rd: pd.DataFrame, orig: pd.DataFrame, p: Pools, don
     return req
 
 
+# A prefill pool steps only while it has prompts to compute, so its busy share is its utilisation:
+# busy through (nearly) the whole window, it ran at its capacity, and a backlog may be building
+# faster than a short window's trend tests can tell (the 3,000 s run of disagg-70b at 5.6 req/s is
+# overloaded, prefill busy 1.00; its 300 s run looked stable). A decode pool steps while any
+# sequence runs, so its busy share says nothing of the kind.
+PREFILL_SATURATED = 0.98
+
+
+def saturation(section: dict[str, Any]) -> str:
+    """Why the run cannot be called stable from its trend alone (`PREFILL_SATURATED`), or ''."""
+    busy = float(section["prefill_busy_fraction"])
+    if not busy >= PREFILL_SATURATED:
+        return ""
+    return (f"the prefill pool was busy {busy:.0%} of the window: at its capacity, where a backlog grows "
+            "slower than a short window can show; lengthen duration_s, or add prefill replicas")
+
+
 @dataclass(frozen=True)
 class RackFigures:
     """What the summary divides by: replicas, GPUs, their peak FLOP/s and HBM bandwidth (GPU-weighted
@@ -298,8 +313,3 @@ def disaggregation_section(req: pd.DataFrame, steps: pd.DataFrame, p: Pools, war
         "prefill_busy_fraction": busy_p / (window * n_p),
         "decode_busy_fraction": busy_d / (window * p.decode.num_replicas),
     }
-
-
-def replace_runtime(rt: ReplicaRuntime, **changes: Any) -> ReplicaRuntime:
-    """(for tests) a runtime with some fields changed."""
-    return dataclasses.replace(rt, **changes)

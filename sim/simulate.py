@@ -29,7 +29,7 @@ from sim.capacity import (
     needs_capacity,
 )
 from sim.deployment import ReplicaRuntime, build_runtime, rejection_reason
-from sim.disagg import Pools, disaggregation_section, rack_figures, run_disaggregated
+from sim.disagg import Pools, disaggregation_section, rack_figures, run_disaggregated, saturation
 from sim.fleet import default_warmup_s
 from sim.metrics import bench_metrics, closed_loop_stability, intervals, request_latencies, stability, summarise
 from sim.run import RunOutput, fixed_set_window, run_table
@@ -253,6 +253,7 @@ def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop
         assert concurrency is not None
         judged = closed_loop_stability(req, warmup_s=warm, end_s=end_s, truncated=out.truncated,
                                        concurrency=concurrency, send_lag_s=send_lag_s if loop == "gated" else None)
+    dis = disaggregation_section(req, steps, pools, warm, end_s) if pools is not None else None
     slo = slo_section(tp, targets, out.stopped_early)
     clients = wl.concurrency if wl.closed else wl.max_concurrency
     run = {"truncated": bool(out.truncated), "horizon_s": float(out.horizon_s), "loop": loop, "concurrency": clients,
@@ -271,7 +272,8 @@ def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop
                                    time_varying_open=time_varying(sc) and loop == "open",
                                    stopped_early=out.stopped_early,
                                    own_rho=own_rho if loop == "open" else float("nan"),
-                                   e2e_mean_s=float(tp["e2e_s"]["mean"]), window_s=end_s - float(judged.figures["settle_s"])),
+                                   e2e_mean_s=float(tp["e2e_s"]["mean"]), window_s=end_s - float(judged.figures["settle_s"]),
+                                   saturated=saturation(dis) if dis is not None else ""),
         "run": run,
         "slo": slo,
         "fleet": fleet,
@@ -282,7 +284,7 @@ def collect(sc: Scenario, rt: ReplicaRuntime, seed: int, out: RunOutput, *, loop
                                        gpus=sc.rack.num_gpus + rack.gpus - rt.num_replicas * rt.gpus_per_replica,
                                        usd_per_gpu_hour=rack.usd_per_gpu_hour),
         "deployment": deployment_section(rt),
-        "disaggregation": {} if pools is None else {"disaggregation": disaggregation_section(req, steps, pools, warm, end_s)},
+        "disaggregation": {} if dis is None else {"disaggregation": dis},
         "capacity": capacity.as_dict() if capacity is not None else {},
         "provenance": provenance_section(sc, seed),
     })

@@ -154,14 +154,17 @@ TIME_VARYING_NOTE = "time-varying rate or rack: judged by work left unfinished; 
 def verdict_section(judged: Stability, slo: dict[str, dict[str, Any]], *, truncated: bool,
                     time_varying_open: bool, stopped_early: dict[str, Any] | None,
                     own_rho: float = float("nan"), e2e_mean_s: float = float("nan"),
-                    window_s: float = float("nan")) -> dict[str, Any]:
+                    window_s: float = float("nan"), saturated: str = "") -> dict[str, Any]:
     """The verdict, decided once: a run stopped on a certain SLO failure is 'unjudged' (and
     fails); a time-varying open-loop run (a rate profile, autoscaling) is judged by the work left
     unfinished (the trend tests of a stationary run do not apply to a rate that moves on purpose;
     the intervals table checks the SLO interval by interval); any other by its stability test,
     and, where the offered load's share `own_rho` of the deployment's own capacity is known,
     against it (`sim.metrics.against_capacity`: never 'stable' at or above capacity, a short
-    trend 'insufficient'). `slo_met`: stable and every SLO target met."""
+    trend 'insufficient'). `saturated`: why a part of the rack ran at its capacity through the
+    window (a disaggregated prefill pool busy throughout: `sim.disagg.saturation`), which a short
+    run's trend tests may not see: never 'stable' then, 'insufficient'. `slo_met`: stable and every
+    SLO target met."""
     if stopped_early is not None:
         e = stopped_early
         reason = (f"stopped at {e['at_s']:.0f} s: {e['over']} of the window's {e['judged']} requests already miss "
@@ -178,6 +181,8 @@ def verdict_section(judged: Stability, slo: dict[str, dict[str, Any]], *, trunca
         verdict, reasons = against_capacity(judged.verdict, judged.reasons,
                                             trend_only=bool(judged.figures.get("trend_only", False)),
                                             rho=own_rho, e2e_mean_s=e2e_mean_s, window_s=window_s)
+    if verdict == "stable" and saturated:
+        verdict, reasons = "insufficient", [*reasons, saturated]
     stable = verdict == "stable"
     return {"verdict": verdict, "verdict_reason": "; ".join(reasons), "stable": stable, "judged_utilisation": own_rho,
             "slo_met": bool(stable and all(c["met"] for c in slo.values()))}

@@ -14,7 +14,7 @@ from models.catalog import get_model
 from models.errors import ConfigError
 from sim.capacity import baseline_of
 from sim.disagg import link_schedule, pools
-from sim.scenario import scenario_from_dict
+from sim.scenario import load_scenario, scenario_from_dict
 from sim.simulate import simulate
 
 
@@ -172,3 +172,17 @@ def test_the_disaggregation_sweep_compares_layouts_with_and_without_speculation(
     at = df[df.utilisation == 0.7].set_index("variant")
     assert at.loc["1P2D", "verdict"] == "overloaded" and at.loc["2P1D", "verdict"] == "stable"
     assert at.loc["2P1D", "itl_s_p99"] < 0.25 * at.loc["aggregated", "itl_s_p99"]
+
+
+def test_a_saturated_prefill_pool_is_never_called_stable_short_or_long() -> None:
+    # disagg-70b (one prefill replica): at 4.6 req/s the prefill pool is busy 84-86% and runs of
+    # 300 s and 3,000 s are stable; at 5.6 req/s the 3,000 s run is overloaded, and the 300 s run,
+    # whose trend tests see little, says insufficient (prefill busy 100%), never stable
+    base = load_scenario("experiments/scenarios/disagg-70b.toml")
+
+    def verdict(rate: float, dur: float) -> str:
+        sc = base.with_overrides({"workload.rate_rps": rate, "workload.duration_s": dur, "workload.warmup_s": dur / 10})
+        return str(simulate(sc, 1).summary["verdict"])
+
+    assert verdict(4.6, 300) == "stable" and verdict(4.6, 3000) == "stable"
+    assert verdict(5.6, 300) == "insufficient" and verdict(5.6, 3000) == "overloaded"
