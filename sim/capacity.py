@@ -366,8 +366,9 @@ class CapacityStore:
     one and passes it where capacities are needed (`capacity_for`).
 
     With `folder` the refined capacities are also kept on disk, one JSON file per `cache_digest`
-    (what `specrack run` and `specrack capacity` do: `default_cache_dir`), so the next process
-    reuses them. A file that cannot be read is measured anew; `write_error` says why a file could
+    (what `specrack run` and `specrack capacity` do: `default_cache_dir`), and so are ladders
+    whose collapse is not refined yet (`<digest>.ladder.json`: a planner prunes with them), so
+    the next process reuses them. A file that cannot be read is measured anew; `write_error` says why a file could
     not be written (the run goes on)."""
 
     def __init__(self, folder: str | Path | None = None) -> None:
@@ -378,16 +379,18 @@ class CapacityStore:
         self.disk_hits = 0  # capacities read from the folder
         self._digests: dict[str, str] = {}
 
-    def _path(self, key: str) -> Path:
+    def _path(self, key: str, ladder: bool = False) -> Path:
         assert self.folder is not None
         if key not in self._digests:
             self._digests[key] = cache_digest(key)
-        return self.folder / f"{self._digests[key]}.json"
+        return self.folder / f"{self._digests[key]}{'.ladder' if ladder else ''}.json"
 
-    def _from_disk(self, key: str) -> Capacity | None:
+    def _from_disk(self, key: str, ladder: bool = False) -> Capacity | None:
+        """The refined capacity kept on disk (or, `ladder`, the ladder whose collapse is not
+        refined yet), kept in this store too; None when absent or unreadable (measured anew)."""
         if self.folder is None:
             return None
-        path = self._path(key)
+        path = self._path(key, ladder)
         try:
             entry = json.loads(path.read_text())
             if entry.get("key") != key:
@@ -395,14 +398,14 @@ class CapacityStore:
             cap = capacity_from_json(entry["capacity"])
         except (OSError, ValueError, TypeError, KeyError, AssertionError):  # absent or unreadable: measured anew
             return None
-        self.capacities[key] = cap
+        (self.ladders if ladder else self.capacities)[key] = cap
         self.disk_hits += 1
         return cap
 
-    def _to_disk(self, key: str, cap: Capacity) -> None:
+    def _to_disk(self, key: str, cap: Capacity, ladder: bool = False) -> None:
         if self.folder is None:
             return
-        path = self._path(key)
+        path = self._path(key, ladder)
         tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -422,13 +425,14 @@ class CapacityStore:
         if key in self.capacities:
             return self.capacities[key]
         if key not in self.ladders:
-            cap = self._from_disk(key)
+            cap = self._from_disk(key) or self._from_disk(key, ladder=True)
             if cap is not None:
                 return cap
             base = sc if speculative else baseline_of(sc)
             lad = measure_ladder(base, base.seed)
-            if lad.collapse:
+            if lad.collapse:  # (kept on disk apart: the refined capacity is read first)
                 self.ladders[key] = lad
+                self._to_disk(key, lad, ladder=True)
             else:  # no collapse: the ladder is the capacity (`refine` keeps it as it is)
                 self.capacities[key] = lad
                 self._to_disk(key, lad)
@@ -445,6 +449,9 @@ class CapacityStore:
             base = sc if speculative else baseline_of(sc)
             self.capacities[key] = refine(base, base.seed, self.ladder(sc, speculative=speculative))
             self._to_disk(key, self.capacities[key])
+            if self.folder is not None and self.write_error is None:  # (the ladder is superseded)
+                with contextlib.suppress(OSError):
+                    self._path(key, ladder=True).unlink(missing_ok=True)
         return self.capacities[key]
 
     def remember(self, key: str, cap: Capacity, *, is_ladder: bool = False) -> None:

@@ -5,6 +5,7 @@ writes the interval chart only on request (docs/PERFORMANCE.md, "What a run cost
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -103,6 +104,30 @@ def test_a_corrupt_or_unwritable_cache_is_measured_anew(tmp_path: Path, capsys: 
     finally:
         os.environ["SPECRACK_CAPACITY_CACHE"] = "off"
     assert "note: capacity not cached" in capsys.readouterr().out
+
+
+def test_a_collapsed_ladder_is_kept_on_disk_until_refined(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sim.capacity as capacity_module
+
+    sc = load_scenario(REFERENCE, {"workload.num_requests": 300})
+    real = capacity_module.measure_ladder(sc, sc.seed)
+    collapsed = dataclasses.replace(real, collapse=True, rps=real.rps * 1.2)
+    calls: list[int] = []
+
+    def measure(s: object, seed: int) -> object:
+        calls.append(seed)
+        return collapsed
+
+    monkeypatch.setattr(capacity_module, "measure_ladder", measure)
+    assert CapacityStore(tmp_path).ladder(sc) == collapsed and len(calls) == 1
+    assert len(list(tmp_path.glob("*.ladder.json"))) == 1
+    fresh = CapacityStore(tmp_path)  # another process: read, not measured
+    assert fresh.ladder(sc) == collapsed and len(calls) == 1 and fresh.disk_hits == 1
+    # the refined capacity, once kept, is what a ladder is answered with
+    monkeypatch.setattr(capacity_module, "refine", lambda s, seed, lad: real)
+    assert fresh.capacity(sc) == real
+    assert CapacityStore(tmp_path).ladder(sc) == real and len(calls) == 1
+    assert not list(tmp_path.glob("*.ladder.json"))  # (superseded, removed)
 
 
 def test_the_cache_key_holds_what_a_capacity_depends_on(tmp_path: Path) -> None:
