@@ -367,9 +367,9 @@ class CapacityStore:
 
     With `folder` the refined capacities are also kept on disk, one JSON file per `cache_digest`
     (what `specrack run` and `specrack capacity` do: `default_cache_dir`), and so are ladders
-    whose collapse is not refined yet (`<digest>.ladder.json`: a planner prunes with them), so
-    the next process reuses them. A file that cannot be read is measured anew; `write_error` says why a file could
-    not be written (the run goes on)."""
+    whose collapse is not refined yet (`<digest>.ladder.json`, a planner prunes with them, until
+    the refined capacity is kept), so the next process reuses them. A file that cannot be read
+    is measured anew; `write_error` says why a file could not be written (the run goes on)."""
 
     def __init__(self, folder: str | Path | None = None) -> None:
         self.capacities: dict[str, Capacity] = {}
@@ -402,9 +402,10 @@ class CapacityStore:
         self.disk_hits += 1
         return cap
 
-    def _to_disk(self, key: str, cap: Capacity, ladder: bool = False) -> None:
+    def _to_disk(self, key: str, cap: Capacity, ladder: bool = False) -> bool:
+        """Keep it on disk (whole or not at all); whether it was written."""
         if self.folder is None:
-            return
+            return False
         path = self._path(key, ladder)
         tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
         try:
@@ -415,6 +416,8 @@ class CapacityStore:
             self.write_error = f"{err.strerror or err}: {err.filename or self.folder}"
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
+            return False
+        return True
 
     def ladder(self, sc: Scenario, *, speculative: bool = False) -> Capacity:
         """`measure_ladder` of the deployment (speculation off unless `speculative`): the capacity
@@ -448,8 +451,7 @@ class CapacityStore:
         if key not in self.capacities and self._from_disk(key) is None:
             base = sc if speculative else baseline_of(sc)
             self.capacities[key] = refine(base, base.seed, self.ladder(sc, speculative=speculative))
-            self._to_disk(key, self.capacities[key])
-            if self.folder is not None and self.write_error is None:  # (the ladder is superseded)
+            if self._to_disk(key, self.capacities[key]):  # (the ladder kept on disk is superseded)
                 with contextlib.suppress(OSError):
                     self._path(key, ladder=True).unlink(missing_ok=True)
         return self.capacities[key]
