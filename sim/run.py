@@ -100,7 +100,9 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
               stop: simpy.Event, backlog_limit: int, fuse: FuseBound | None = None,
               pool: list[Replica] | None = None, every: bool = False) -> Generator[simpy.Event, Any, None]:
     """Replay the request table: one URGENT event per distinct arrival time (published to
-    `fuse`, when given, as the time before which fused steps must end). The run stops once more
+    `fuse`, when given, as the time before which fused steps must end), or none where no other
+    event comes before it (the process moves the clock there itself: the same events in the same
+    order, at the same times; most arrivals of a fused or jointly planned run). The run stops once more
     than `backlog_limit` requests wait at the replicas the router may send to, checked after each
     arrival. That sum is taken only when an upper bound on it exceeds the limit: the last sum over
     every replica of the run (`pool`, filled before the first arrival; by default `replicas`),
@@ -116,14 +118,19 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
     everyone = replicas if pool is None else pool
     bound = 0  # at least the requests waiting now, at every replica
     requeued = 0
+    queue = env._queue
     while i < n:
         t = at[i]
-        if t > env.now:
-            ev = timeout_with(env, t - env.now, URGENT)
+        now = env.now
+        if t > now:
+            t_ev = now + (t - now)  # the arrival event's exact time (SimPy's `schedule` adds the delay to now)
             if fuse is not None:
-                fuse.next_arrival_s = env.now + (t - env.now)  # the event's exact time
+                fuse.next_arrival_s = t_ev
                 fuse.next_index = i
-            yield ev
+            if queue and (queue[0][0] < t_ev or (queue[0][0] == t_ev and queue[0][1] <= URGENT)):
+                yield timeout_with(env, t - now, URGENT)
+            else:  # no event comes before it: it is the next event, taken now (no SimPy event, same order)
+                env._now = t_ev
         while i < n and at[i] <= env.now:
             _route(replicas, router, rr, i).submit(i)
             rr += 1
