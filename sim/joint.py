@@ -757,8 +757,7 @@ class Cursor:
         reservation matters only for whether it fits; with room for every sequence's whole
         reservation it is not summed.) The loop keeps what every step reads in locals: a small
         batch's step is mostly this fixed cost."""
-        price = self.rep.price
-        spec_step, decode = price.spec_step, self._decode
+        price = self.rep.price  # (its methods called on it, not through bound-method locals: native calls, unboxed)
         adaptive = self.spec is not None and self.spec.policy == "adaptive"
         rows = self.rows
         k_fixed, qvs = self._k_fixed, self._qv
@@ -775,6 +774,8 @@ class Cursor:
             cost: tuple[float, float, float, float, float, float] | None  # (typed: see `_mixed`)
             if peek is not None and peek[0] == t and len(peek[1]) == 3:
                 k, qv, cost = peek[1]
+                assert cost is not None
+                total, target_s, draft_s, over_s, flops, nbytes = cost  # (C doubles from here: `cost` is an object)
             else:
                 if k_fixed >= 0:
                     k, cost = k_fixed, None
@@ -785,17 +786,17 @@ class Cursor:
                 qv = qvs[k]
                 if self.free < n * (qv // B + 1) and self._reserve(k, act)[1] > self.free:
                     return PREEMPT  # it would preempt
-                if cost is None:
-                    cost = spec_step(n, float(self.ctx), k)
-            assert cost is not None
-            total, target_s, draft_s, over_s, flops, nbytes = cost  # (C doubles from here: `cost` is an object)
+                if cost is None:  # (the common step: a native call, its figures C doubles, never boxed)
+                    total, target_s, draft_s, over_s, flops, nbytes = price.spec_step(n, float(self.ctx), k)
+                else:
+                    total, target_s, draft_s, over_s, flops, nbytes = cost
             end = t + total
             if end >= end_bound or end >= a:  # the step is the ordinary one's, or waits for the arrival at a
-                self._peek = (t, (k, qv, cost))
+                self._peek = (t, (k, qv, (total, target_s, draft_s, over_s, flops, nbytes)))
                 self.wait_end = end
                 return HARD if end >= end_bound else WAIT
             self._peek = None
-            emitted = decode(k, act)  # (every running sequence decodes: `act` is every entry)
+            emitted = self._decode(k, act)  # (every running sequence decodes: `act` is every entry)
             held, left = self._dec_held, self._dec_left
             self.free += self.held - held
             self.held = held
