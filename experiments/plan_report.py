@@ -543,7 +543,10 @@ def write_plan_report(spec: Any, tables: dict[str, pd.DataFrame], out: str | Pat
 
 
 def plan_images(out: Path, formats: list[str]) -> list[Path]:
-    """The plan report's figures, from the analyses' tables `specrack plan` wrote into OUT."""
+    """The plan report's figures, from the analyses' tables `specrack plan` wrote into OUT (none
+    built when no format is asked for)."""
+    if not formats:
+        return []
     tables = {k: pd.read_csv(out / f"{k}.csv") for k in ("plan", "configs", "curves", "map", "shift", "retraining",
                                                           "sensitivity")
               if (out / f"{k}.csv").is_file() and (out / f"{k}.csv").stat().st_size > 1}
