@@ -805,6 +805,7 @@ def run_piece(rep: ReplicaState, piece: Piece, feed: SendFeed | None = None) -> 
         feed.commit(rep, {r for r, _ in piece.admitted}, piece.end_s)
     elif piece.done and reqs.on_complete is not None:  # (an autoscaled fleet: a draining replica emptied leaves)
         reqs.on_complete(len(piece.done))
+    rep.log.extend_packed(piece.packed)
     rep.log.extend(piece.rows)
     return piece.steps
 

@@ -70,9 +70,13 @@ from sim.step import (
     reserve_need,
     whole_fits,
 )
+from sim.tables import pack_rows
 
 B: Final = BLOCK_SIZE  # (Final: the compiled build reads constants as C values, not module attributes)
 LOOP_STEPS = 1024  # most steps one piece of a closed loop's plan holds (`loop_piece`)
+# a piece's step rows are packed as doubles every PACK_ROWS rows (`Cursor._pack`): a long piece's
+# row tuples and their floats are freed as it goes instead of living until the piece is applied
+PACK_ROWS = 256
 EXTEND_ARRIVALS = 512  # arrivals routed by one extension of the plan (then every replica's steps become a piece)
 QUIET_MARGIN = 1e-9  # relative: a replica is left unplanned up to an arrival only this clearly before its next completion
 
@@ -113,6 +117,7 @@ class Piece:
     preempted: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
     pre_t: list[float] = field(default_factory=list)
     ops: list[tuple[int, int]] | None = None
+    packed: bytes = b""  # the step rows before `rows`, packed (`sim.tables.pack_rows`)
 
 
 class Cursor:
@@ -198,6 +203,7 @@ class Cursor:
         self.p_start = self.t
         self.p_steps = 0
         self.rows: list[tuple[float, ...]] = []  # tuples: untracked by the cyclic GC once seen
+        self.packed: list[bytes] = []  # rows before `rows`, packed every PACK_ROWS (`_pack`)
         self.admitted: list[tuple[int, float]] = []
         self.first: list[tuple[int, float]] = []
         self.done: list[tuple[int, float, int, int, int, int]] = []
@@ -205,6 +211,13 @@ class Cursor:
         self.preempted: list[tuple[int, int, int, int, int, int]] = []
         self.pre_t: list[float] = []
         self.ops: list[tuple[int, int]] = []
+
+    def _pack(self) -> None:
+        """The piece's rows but the last packed (`PACK_ROWS`; the last stays a tuple: a closed
+        loop's plan adds its sends' waits to it)."""
+        rows = self.rows
+        self.packed.append(pack_rows(rows[:-1]))
+        del rows[:-1]
 
     def count(self) -> int:
         """Requests running or waiting here at the next arrival (its planned steps end before it)."""
@@ -244,7 +257,7 @@ class Cursor:
         end = self.t if self.t < math.inf else self.end_s
         piece = Piece(self.p_start, end, self.p_steps, self.rows, self.admitted, self.first, self.done, self.gone,
                       [s for _, s in self.admitted], state, self.free, self.preempted, self.pre_t,
-                      self.ops if self.preempted else None)
+                      self.ops if self.preempted else None, b"".join(self.packed))
         # renumber the entries (copies: the piece keeps its state as of its end, the cursor plans on)
         pos = {e: i for i, e in enumerate(act)}
         self.partials = [pos[e] for e in self.partials]
@@ -350,6 +363,8 @@ class Cursor:
         self.q_until = -math.inf
         check = False  # (the caller has found it not quiet at t)
         while self.t < a:
+            if len(self.rows) >= PACK_ROWS:
+                self._pack()
             act, pend = self.active, self.pending
             if pend and pend[0][1] > self.t and not act:  # idle until the first one arrives
                 self.t = pend[0][1]
@@ -808,6 +823,8 @@ class Cursor:
                          self._waiting_at(end) if pend else 0, flops, nbytes, target_s, draft_s, over_s,
                          total, 1, 0.0))
             self.p_steps += 1
+            if len(rows) >= PACK_ROWS:
+                self._pack()
             self.t = t = end
             # `advance`'s choice for the next step: this one again unless the arrival at a is
             # reached, the replica empties, or a request has arrived for a free slot

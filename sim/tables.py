@@ -5,6 +5,7 @@ request id) and the step table (`StepLog`, one row per engine step or per run of
 from __future__ import annotations
 
 import itertools
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,6 +16,16 @@ STEP_COLUMNS = (
     "k", "kv_blocks_used", "waiting", "flops", "bytes", "target_s", "draft_s", "spec_overhead_s", "chunk_gap_s",
     "count", "gap_step_s",
 )
+ROW = struct.Struct(f"{len(STEP_COLUMNS)}d")  # a step row packed as doubles (`pack_rows`)
+
+
+def pack_rows(rows: Sequence[Sequence[float]]) -> bytes:
+    """Step rows packed as doubles, in order (`StepLog.extend_packed` reads them): a long plan's
+    rows leave their tuples early, so their objects are reused instead of piling up (the same
+    values: whole numbers and floats convert to doubles as the log converts them)."""
+    return b"".join(itertools.starmap(ROW.pack, rows))
+
+
 STEP_INT_COLUMNS = ("replica", "batch_size", "decode_seqs", "k", "kv_blocks_used", "waiting", "count")  # int64
 
 
@@ -51,6 +62,18 @@ class StepLog:
         self.n += len(rows)
         if len(self._pending) >= self.PENDING_ROWS:
             self._flush()
+
+    def extend_packed(self, buf: bytes) -> None:
+        """Rows packed by `pack_rows`, in order (after the rows logged before)."""
+        if not buf:
+            return
+        self._flush()
+        rows = len(buf) // ROW.size
+        if self._i + rows > self._cur.shape[0]:
+            self._next_block(rows)
+        self._cur[self._i: self._i + rows] = np.frombuffer(buf, dtype=np.float64).reshape(rows, -1)
+        self._i += rows
+        self.n += rows
 
     def _flush(self) -> None:
         rows = self._pending
