@@ -36,6 +36,7 @@ from sim.state import FuseBound
 from sim.tables import STEP_INT_COLUMNS, Requests, StepLog
 from sim.workload import streams
 
+PROGRESS_TICKS = 200  # progress bar updates over a run's arrivals (`_watch_done`)
 GC_YOUNG_THRESHOLD = 200_000  # allocations between collections of the GC's youngest generation during a run
 
 
@@ -490,15 +491,24 @@ def _watch_done(env: simpy.Environment, reqs: Requests, progress: Progress | Non
                 loop: ClosedLoop | None = None, quiet_s: float = 0.0) -> Generator[simpy.Event, Any, None]:
     """Ends the run once every request has completed (checked once per simulated second), or
     for closed-loop clients that stopped sending (`send_until_s`), every request they sent; and
-    drives the progress bar (share of requests completed) when one is given. Without a bar, the
-    checks before `quiet_s` (when they cannot succeed) are one timeout to the last whole second
-    before it: the same check times (whole seconds, exact in floats), a third fewer events on a
-    long open-loop run. Each check runs after everything else due at its instant (priority LATE), so it
-    sees a completion at exactly that time, whichever event was scheduled first."""
+    drives the progress bar (share of requests completed) when one is given. The checks before
+    `quiet_s` (when they cannot succeed) are one timeout to the last whole second before it, or
+    with a bar at most PROGRESS_TICKS of them: the same check times after it (whole seconds, exact
+    in floats), and no event a second over the arrivals (each would also stop the arrival process
+    taking its arrivals without events: `_arrivals`). Each check runs after everything else due at
+    its instant (priority LATE), so it sees a completion at exactly that time, whichever event was
+    scheduled first."""
     total = reqs.completion.size
-    skip = math.floor(quiet_s) if progress is None and loop is None else 0
+    skip = math.floor(quiet_s) if loop is None else 0
     if skip >= 2:
-        yield timeout_with(env, float(skip - 1), LATE)
+        tick = skip - 1 if progress is None else max(1, (skip - 1) // PROGRESS_TICKS)
+        at = 0
+        while at < skip - 1:
+            step = min(tick, skip - 1 - at)
+            yield timeout_with(env, float(step), LATE)
+            at += step
+            if progress is not None:
+                progress.update(reqs.n_done)
     while True:
         yield timeout_with(env, 1.0, LATE)
         if progress is not None:
