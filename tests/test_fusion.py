@@ -504,19 +504,26 @@ def test_speculative_runs_capped_by_draws_continue_exactly(make_scenario, monkey
 
 
 def test_step_log_blocks_keep_every_row_in_order() -> None:
-    """The block-wise step log (single appends and whole blocks of speculative rows, across block
-    boundaries) gives back every row, in order."""
-    from sim.tables import STEP_COLUMNS, StepLog
+    """The block-wise step log (single appends, packed rows, and whole blocks of speculative rows,
+    across block boundaries) gives back every row, in order; a packed row holds the doubles the
+    log makes of its values (whole numbers included)."""
+    from sim.tables import STEP_COLUMNS, StepLog, pack_rows
 
     rng = np.random.default_rng(0)
     log = StepLog(8)
     log.BLOCK_ROWS = 16
     ref: list[np.ndarray] = []
     for _ in range(400):
-        if rng.random() < 0.5:
+        u = rng.random()
+        if u < 0.35:
             row = rng.random(len(STEP_COLUMNS))
             log.append(tuple(row))
             ref.append(row[None, :])
+        elif u < 0.6:
+            rows = rng.random((int(rng.integers(0, 40)), len(STEP_COLUMNS)))
+            rows[:, 0] = rng.integers(0, 2**40, rows.shape[0])  # (ints as the engine logs them)
+            log.extend_packed(pack_rows([(int(r[0]), *map(float, r[1:])) for r in rows]))
+            ref.append(rows)
         else:
             rows = rng.random((int(rng.integers(1, 40)), len(STEP_COLUMNS)))
             log.block(rows.shape[0])[:] = rows
