@@ -3,8 +3,9 @@ open loop (arrivals at the table's times) or closed loop (clients that send thei
 when the previous one completes). `run_table` returns the request and step tables; metrics and
 economics live in `sim.metrics` and `sim.simulate`.
 
-Order at equal simulated times, by construction: arrivals are scheduled URGENT, so a request
-arriving at the instant a step ends is queued before that replica plans its next step; replicas
+Order at equal simulated times, by construction: arrivals are URGENT (an URGENT event, or taken
+without one where no event comes first: `_arrivals`), so a request arriving at the instant a step
+ends is queued before that replica plans its next step; replicas
 at the same instant go in index order (SimPy processes same-time events FIFO).
 """
 
