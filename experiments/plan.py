@@ -13,6 +13,7 @@ smallest (its docstring tells how), `plan_headroom` measures capacity ladders an
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -284,9 +285,23 @@ def run_search(spec: PlanSpec, jobs: int | None = None, prune: bool = True,
     cheapest passing configuration, with the leading options' headroom unless `with_headroom` is
     off (`run_tables` measures it beside the analyses); every configuration searched, with
     `pareto`)."""
+    ranked, configs, _ = _search(spec, jobs, prune, label, with_headroom)
+    return ranked, configs
+
+
+def _search(spec: PlanSpec, jobs: int | None, prune: bool, label: str, with_headroom: bool,
+            side: Callable[[], list[tuple[Any, tuple[Any, ...]]]] | None = None
+            ) -> tuple[pd.DataFrame, pd.DataFrame, list[Any]]:
+    """`run_search`, and the results of `side()`'s (function, arguments) tasks, which need the
+    capacities but not the search: they run in the search's pool after its tasks, so they keep a
+    worker busy while the longest searches finish."""
     measure_capacities(spec, jobs, "capacities" if label else "")
-    tasks = [(spec, s, g, spec.rate_rps, prune) for g in spec.gpus for s in spec.strategies]
-    found = pmap(search_layouts, tasks, jobs, label)
+    tasks = [(search_layouts, (spec, s, g, spec.rate_rps, prune)) for g in spec.gpus for s in spec.strategies]
+    extra = side() if side is not None else []
+    if label and extra:
+        label = f"{label} and {len(extra)} runs besides"
+    done = pmap(call, [*tasks, *extra], jobs, label)
+    found = done[:len(tasks)]
     configs = pd.DataFrame([c for f in found for c in f["configs"]])
     if len(configs):
         configs["cost_mode"] = spec.cost.mode
@@ -295,7 +310,7 @@ def run_search(spec: PlanSpec, jobs: int | None = None, prune: bool = True,
     if with_headroom:
         htasks = headroom_tasks(spec, ranked)
         add_headroom(ranked, pmap(headroom, htasks, jobs, "headroom" if label and htasks else ""))
-    return ranked, configs
+    return ranked, configs, done[len(tasks):]
 
 
 def run_plan(spec: PlanSpec, jobs: int | None = None) -> pd.DataFrame:
@@ -307,7 +322,19 @@ def run_tables(spec: PlanSpec, jobs: int | None = None, analyses: bool = True) -
     """Every table of a plan by name: plan, configs and, with the analyses, curves, map_cells,
     map, shift, retraining and sensitivity (what `specrack plan` writes as <name>.csv)."""
     label = f"search ({len(spec.strategies) * len(spec.gpus)} strategy x GPU)"
-    answer, configs = run_search(spec, jobs, label=label, with_headroom=not analyses)
+    # the acceptance shift needs no search: its runs go in the search's pool, after its tasks (where
+    # it cannot be set up, the analyses set it up again and say why, if they run)
+    early: list[bool] = []
+
+    def shift_side() -> list[tuple[Any, tuple[Any, ...]]]:
+        try:
+            tasks = shift_tasks(spec)
+        except ConfigError:
+            return []
+        early.append(True)
+        return [(shift_cell, t) for t in tasks]
+
+    answer, configs, shifted = _search(spec, jobs, True, label, not analyses, shift_side if analyses else None)
     tables = {"plan": answer, "configs": configs}
     if analyses and "feasible" in answer and not answer.feasible.astype(bool).any():
         # nothing passes: every analysis compares passing racks, so each would come back empty
@@ -321,13 +348,15 @@ def run_tables(spec: PlanSpec, jobs: int | None = None, analyses: bool = True) -
         cell_tasks, layout = map_tasks(spec, answer=answer)
         parts = {"headroom": (headroom, headroom_tasks(spec, answer)), "map": (map_cell, cell_tasks),
                  "curves": (plan_row, curve_tasks(spec, answer)), "sensitivity": (plan_row, sensitivity_tasks(spec, answer)),
-                 "shift": (shift_cell, shift_tasks(spec))}
+                 "shift": (shift_cell, [] if early else shift_tasks(spec))}
         flat = [(name, fn, args) for name, (fn, tasks) in parts.items() for args in tasks]
         done = pmap(call, [(fn, args) for _, fn, args in flat], jobs,
                     f"headroom and analyses ({len(flat)} searches and runs)" if spec.progress else "")
         found: dict[str, list[Any]] = {name: [] for name in parts}
         for (name, _, _), res in zip(flat, done, strict=True):
             found[name].append(res)
+        if early:
+            found["shift"] = shifted
         add_headroom(answer, found["headroom"])
         tables["curves"] = curves_table(spec, found["curves"])
         cells = map_table(layout, found["map"])
