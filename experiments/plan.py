@@ -290,14 +290,15 @@ def run_search(spec: PlanSpec, jobs: int | None = None, prune: bool = True,
 
 
 def _search(spec: PlanSpec, jobs: int | None, prune: bool, label: str, with_headroom: bool,
-            side: Callable[[], list[tuple[Any, tuple[Any, ...]]]] | None = None
-            ) -> tuple[pd.DataFrame, pd.DataFrame, list[Any]]:
-    """`run_search`, and the results of `side()`'s (function, arguments) tasks, which need the
-    capacities but not the search: they run in the search's pool after its tasks, so they keep a
-    worker busy while the longest searches finish."""
+            side: Callable[[], list[tuple[Any, tuple[Any, ...]]] | None] | None = None
+            ) -> tuple[pd.DataFrame, pd.DataFrame, list[Any] | None]:
+    """`run_search`, and the results of `side()`'s (function, arguments) tasks (None when there
+    is no side, or it returns None), which need the capacities but not the search: they run in
+    the search's pool after its tasks, so they keep a worker busy while the longest searches finish."""
     measure_capacities(spec, jobs, "capacities" if label else "")
     tasks = [(search_layouts, (spec, s, g, spec.rate_rps, prune)) for g in spec.gpus for s in spec.strategies]
-    extra = side() if side is not None else []
+    side_tasks = side() if side is not None else None
+    extra = side_tasks or []
     if label and extra:
         label = f"{label} and {len(extra)} runs besides"
     done = pmap(call, [*tasks, *extra], jobs, label)
@@ -310,7 +311,7 @@ def _search(spec: PlanSpec, jobs: int | None, prune: bool, label: str, with_head
     if with_headroom:
         htasks = headroom_tasks(spec, ranked)
         add_headroom(ranked, pmap(headroom, htasks, jobs, "headroom" if label and htasks else ""))
-    return ranked, configs, done[len(tasks):]
+    return ranked, configs, None if side_tasks is None else done[len(tasks):]
 
 
 def run_plan(spec: PlanSpec, jobs: int | None = None) -> pd.DataFrame:
@@ -324,15 +325,11 @@ def run_tables(spec: PlanSpec, jobs: int | None = None, analyses: bool = True) -
     label = f"search ({len(spec.strategies) * len(spec.gpus)} strategy x GPU)"
     # the acceptance shift needs no search: its runs go in the search's pool, after its tasks (where
     # it cannot be set up, the analyses set it up again and say why, if they run)
-    early: list[bool] = []
-
-    def shift_side() -> list[tuple[Any, tuple[Any, ...]]]:
+    def shift_side() -> list[tuple[Any, tuple[Any, ...]]] | None:
         try:
-            tasks = shift_tasks(spec)
+            return [(shift_cell, t) for t in shift_tasks(spec)]
         except ConfigError:
-            return []
-        early.append(True)
-        return [(shift_cell, t) for t in tasks]
+            return None
 
     answer, configs, shifted = _search(spec, jobs, True, label, not analyses, shift_side if analyses else None)
     tables = {"plan": answer, "configs": configs}
@@ -348,14 +345,14 @@ def run_tables(spec: PlanSpec, jobs: int | None = None, analyses: bool = True) -
         cell_tasks, layout = map_tasks(spec, answer=answer)
         parts = {"headroom": (headroom, headroom_tasks(spec, answer)), "map": (map_cell, cell_tasks),
                  "curves": (plan_row, curve_tasks(spec, answer)), "sensitivity": (plan_row, sensitivity_tasks(spec, answer)),
-                 "shift": (shift_cell, [] if early else shift_tasks(spec))}
+                 "shift": (shift_cell, shift_tasks(spec) if shifted is None else [])}
         flat = [(name, fn, args) for name, (fn, tasks) in parts.items() for args in tasks]
         done = pmap(call, [(fn, args) for _, fn, args in flat], jobs,
                     f"headroom and analyses ({len(flat)} searches and runs)" if spec.progress else "")
         found: dict[str, list[Any]] = {name: [] for name in parts}
         for (name, _, _), res in zip(flat, done, strict=True):
             found[name].append(res)
-        if early:
+        if shifted is not None:
             found["shift"] = shifted
         add_headroom(answer, found["headroom"])
         tables["curves"] = curves_table(spec, found["curves"])
