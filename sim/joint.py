@@ -77,6 +77,7 @@ LOOP_STEPS = 1024  # most steps one piece of a closed loop's plan holds (`loop_p
 # a piece's step rows are packed as doubles every PACK_ROWS rows (`Cursor._pack`): a long piece's
 # row tuples and their floats are freed as it goes instead of living until the piece is applied
 PACK_ROWS = 256
+FEW_LEFT: Final = 8  # completions at once that leave the batch list in place (`PlainCursor._finish`)
 EXTEND_ARRIVALS = 512  # arrivals routed by one extension of the plan (then every replica's steps become a piece)
 QUIET_MARGIN = 1e-9  # relative: a replica is left unplanned up to an arrival only this clearly before its next completion
 
@@ -500,8 +501,16 @@ class Cursor:
         adm: list[tuple[int, int, int]]
         cost: tuple[float, float, float, float, float, float, float]
         victims: int
+        total: float
+        target: float
+        draft: float
+        over: float
+        flops: float
+        nbytes: float
+        pre_tokens: float
         if peek is not None and peek[0] == self.t and len(peek[1]) == 8:
             k, qv, dec, need, parts, adm, cost, victims = peek[1]
+            total, target, draft, over, flops, nbytes, pre_tokens = cost
         else:
             dec = self._decoders()
             n_dec = len(dec)
@@ -534,21 +543,21 @@ class Cursor:
             ctx = float(self.ctx - vctx) if n_dec else 0.0
             if spec is None:
                 total, flops, nbytes = rep.price.plain_step(n_dec, ctx, n_pre, pre_tokens, pre_ctx, pre_pairs)
-                cost = (total, total, 0.0, 0.0, flops, nbytes, pre_tokens)
+                target, draft, over = total, 0.0, 0.0
             else:
                 plan = None
                 if spec.shape is not None and k and n_dec:
                     tri = qv * qv if not spec.shape.chain else qv * (qv + 1) / 2.0
                     plan = VerifyPlan(float(n_dec) * qv, ctx * qv + float(n_dec) * tri, float(n_dec), ctx)
-                c6 = rep.price.spec_cost(n_dec, ctx, k, n_pre, pre_tokens, pre_ctx, pre_pairs, plan)
-                cost = (*c6, pre_tokens)
-            self._peek = (self.t, (k, qv, dec, need, parts, adm, cost, victims))
-        total, target, draft, over, flops, nbytes, pre_tokens = cost
+                total, target, draft, over, flops, nbytes = rep.price.spec_cost(n_dec, ctx, k, n_pre, pre_tokens,
+                                                                                 pre_ctx, pre_pairs, plan)
         t = self.t
         end = t + total
-        if end >= end_bound:
-            return HARD
-        if end >= a:
+        if end >= end_bound or end >= a:  # (the plan kept for the next call: no tuples on a step taken now)
+            self._peek = (t, (k, qv, dec, need, parts, adm, (total, target, draft, over, flops, nbytes, pre_tokens),
+                              victims))
+            if end >= end_bound:
+                return HARD
             self.wait_end = end
             return WAIT
         self._peek = None
@@ -933,6 +942,7 @@ class PlainCursor(Cursor):
             return
         count = 0
         alive = self.alive
+        gone: list[int] = []
         while heap and heap[0][0] <= S:
             _, e = heapq.heappop(heap)
             if not alive[e]:
@@ -947,8 +957,14 @@ class PlainCursor(Cursor):
             self.alive[e] = False
             self.done.append((self.RID[e], t, 0, 0, 0, 0))
             count += 1
+            gone.append(e)
         self._pop_dead()
-        self.active = [e for e in self.active if alive[e]]
+        act = self.active
+        if count <= FEW_LEFT:  # (in place, order kept: a scan in C, not a new list)
+            for e in gone:
+                act.remove(e)
+        else:
+            self.active = [e for e in act if alive[e]]
         self.gone.append((t, count))
 
     def _segment(self, a: float, end_bound: float, fb: FuseBound) -> int:

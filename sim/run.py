@@ -123,7 +123,7 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
     queue = env._queue
     while i < n:
         t = at[i]
-        now = env.now
+        now = env._now  # (the clock itself: `now` is a property, a Python call per read)
         if t > now:
             t_ev = now + (t - now)  # the arrival event's exact time (SimPy's `schedule` adds the delay to now)
             if fuse is not None:
@@ -133,7 +133,8 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
                 yield timeout_with(env, t - now, URGENT)
             else:  # no event comes before it: it is the next event, taken now (no SimPy event, same order)
                 env._now = t_ev
-        while i < n and at[i] <= env.now:
+        now = env._now
+        while i < n and at[i] <= now:
             _route(replicas, router, rr, i).submit(i)
             rr += 1
             i += 1
