@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
@@ -55,7 +56,7 @@ from models.errors import ConfigError
 
 __all__ = ["ACT_BYTES", "CostModel", "Efficiency", "ServiceTimeCost", "StepCost", "check_tp", "efficiency_for"]
 
-ACT_BYTES = 2.0  # activations and all-reduce payloads are bf16 in every format we model
+ACT_BYTES: Final = 2.0  # activations and all-reduce payloads are bf16 in every format we model
 # `CostModel.pass_parts`: linear time, KV written, weights, activations, communication, overhead,
 # linear FLOPs (a fixed shape: compiled, each item unboxes to a C double)
 PassParts = tuple[float, float, float, float, float, float, float]
@@ -161,7 +162,7 @@ def efficiency_for(gpu: GPU, engine: str = DEFAULT_PROFILE) -> Efficiency:
 
 
 # `CostModel.decode_clock`: a run of at most this many steps is summed in scalars, a longer one by numpy
-DECODE_CLOCK_SCALAR = 64
+DECODE_CLOCK_SCALAR: Final = 64
 _STEPS = np.arange(1 << 13, dtype=np.float64)  # 0, 1, 2, ...: twice the longest run a fused planner asks for (4,096 steps)
 
 

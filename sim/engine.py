@@ -96,12 +96,12 @@ class Replica(ReplicaState):
                 decode_left = decode_left - 1 if decode_left else rt.scheduler_steps - 1
             if step.empty:  # nothing fits (KV exhausted by partial prefills): the youngest was preempted
                 continue
-            start = env.now
+            start = env._now
             if joint:
                 assert rack is not None
                 rack.ordinary(self, start + step.total_s)
             yield env.timeout(step.total_s)
-            emitted = finish_step(self, step, env.now)
+            emitted = finish_step(self, step, env._now)
             # the gap the decoding sequences saw since their previous streamed chunk: this step,
             # plus the prefill-only steps that ran since the last decode (separate prefill)
             gap = 0.0

@@ -80,7 +80,7 @@ class Fleet:
         if self.state[i] == state:
             return
         self.state[i] = state
-        self.timeline.append((self.env.now, i, STATE_CODE[state]))
+        self.timeline.append((self.env._now, i, STATE_CODE[state]))
         self.routable[:] = [r for r in self.replicas if self.state[r.idx] == LIVE]
 
     def count(self, *states: str) -> int:
@@ -142,8 +142,8 @@ class Autoscaler:
     def run(self) -> Generator[simpy.Event, Any, None]:
         env, fleet = self.env, self.fleet
         for t in tick_times(self.cfg.interval_s, self.end_s):
-            yield _urgent(env, t - env.now)
-            now = env.now
+            yield _urgent(env, t - env._now)
+            now = env._now
             sig = self.signal(now)
             want = self.desired(sig)
             self.history.append((now, want))
@@ -197,8 +197,8 @@ class FollowLoad:
 
     def run(self) -> Generator[simpy.Event, Any, None]:
         for t in tick_times(self.interval_s, self.end_s):
-            yield _urgent(self.env, t - self.env.now)
-            now = self.env.now
+            yield _urgent(self.env, t - self.env._now)
+            now = self.env._now
             lo = np.searchsorted(self.arrival, now - self.interval_s, "left")
             hi = np.searchsorted(self.arrival, now, "left")
             live = max(1, self.fleet.count(LIVE))

@@ -124,7 +124,7 @@ def plan_run(rep: ReplicaState) -> list[RunSegment] | None:
     m = int(rem.min())  # a sequence finishes at step m
     if m < 2:
         return None
-    t = rep.env.now
+    t = rep.env._now
     bound, end_bound = fb.next_s(t, rep.idx)
     held = int(rep.blocks[:n].sum())
     seg = plan_segment(rep, t, n, c, m, rep.free_blocks, held, bound, end_bound, 2)
@@ -311,7 +311,7 @@ def plan_absorbing(rep: ReplicaState) -> tuple[Any, ...] | None:
     cost = rt.cost
     plain = rt.spec is None
     feed, queued, stride, j = arrival_source(rep)
-    t = rep.env.now
+    t = rep.env._now
     _, end_bound = fb.next_s(t, rep.idx)
     num_blocks = rt.plan.num_blocks
     budget_max = rt.max_num_batched_tokens
@@ -651,7 +651,7 @@ def spec_run(rep: ReplicaState) -> Generator[simpy.Event, Any, int]:
     if int(rem.min()) < 2 or (rep.blocks[:n] != held).any():
         return 0
     k = choose_k(rep, np.ones(n, dtype=bool))
-    now = env.now
+    now = env._now
     bound, end_bound = fb.next_s(now, rep.idx)
     free, held_sum = rep.free_blocks, int(held.sum())
     nxt = rep.reqs.lead_off[rep.rid[:n]] + rep.n_verify[:n]  # each sequence's next outcome
@@ -710,7 +710,7 @@ def spec_run(rep: ReplicaState) -> Generator[simpy.Event, Any, int]:
         rep.blocks[:n] = new_held
         last = g is segs[-1]
         if last:
-            rep.leave(env.now)
+            rep.leave(env._now)
         else:
             rep.leave(g.end_s, g.stay)
         # one row per step, in one append
@@ -750,9 +750,10 @@ def run_piece(rep: ReplicaState, piece: Piece, feed: SendFeed | None = None) -> 
     cannot land on its end: `land_at`), applied at
     its end as a run admitting arrivals is (`spec_steps_run`); returns its steps."""
     env = rep.env
-    assert abs(piece.start_s - env.now) <= 1e-9 * max(1.0, env.now), (piece.start_s, env.now)
+    assert abs(piece.start_s - env._now) <= 1e-9 * max(1.0, env._now), (piece.start_s, env._now)
     rep.gone = piece.gone
     rep.gone_t = [t for t, _ in piece.gone]
+    rep.gone_i = 0
     rep.gone_n = list(itertools.accumulate((c for _, c in piece.gone), initial=0))
     rep.taken = piece.taken
     rep.pre_t = piece.pre_t
@@ -926,7 +927,7 @@ def plan_spec_steps(rep: ReplicaState, absorb: bool) -> tuple[Any, ...] | None:
         VER[e] = VER[e] - NX[e]
         VEM[e] = VEM[e] - C[e]
     lead = reqs.lead_b
-    t = rep.env.now
+    t = rep.env._now
     least = False
     feed: SendFeed | None = None
     queued: list[float] = []

@@ -73,13 +73,17 @@ from sim.step import (
 from sim.tables import pack_rows
 
 B: Final = BLOCK_SIZE  # (Final: the compiled build reads constants as C values, not module attributes)
-LOOP_STEPS = 1024  # most steps one piece of a closed loop's plan holds (`loop_piece`)
+LOOP_STEPS: Final = 1024  # most steps one piece of a closed loop's plan holds (`loop_piece`)
 # a piece's step rows are packed as doubles every PACK_ROWS rows (`Cursor._pack`): a long piece's
 # row tuples and their floats are freed as it goes instead of living until the piece is applied
-PACK_ROWS = 256
+PACK_ROWS: Final = 256
+# `PlainCursor.heap`: a decoding entry e finishing at step FIN as one int, FIN << HEAP_SHIFT | e (no
+# tuple to build or compare: ordered by FIN, then e, as the tuple (FIN, e) would be)
+HEAP_SHIFT: Final = 32
+HEAP_ENTRY: Final = (1 << HEAP_SHIFT) - 1
 FEW_LEFT: Final = 8  # completions at once that leave the batch list in place (`PlainCursor._finish`)
-EXTEND_ARRIVALS = 512  # arrivals routed by one extension of the plan (then every replica's steps become a piece)
-QUIET_MARGIN = 1e-9  # relative: a replica is left unplanned up to an arrival only this clearly before its next completion
+EXTEND_ARRIVALS: Final = 512  # arrivals routed by one extension of the plan (then every replica's steps become a piece)
+QUIET_MARGIN: Final = 1e-9  # relative: a replica is left unplanned up to an arrival only this clearly before its next completion
 
 # a step's outcome for `Cursor.advance` (PREEMPT: a decode step that would preempt, which
 # `Cursor._mixed` plans as the ordinary step takes it)
@@ -313,7 +317,7 @@ class Cursor:
         (NX advances once per verification, so the count is not kept apart; a decoding entry's
         is an offset from VS: `_offsets`)."""
         nx = self.NX[e] if e in self.partials else self.NX[e] + self.VS
-        return nx - int(self.reqs.lead_off[self.RID[e]])
+        return nx - self.reqs.lead_off_v[self.RID[e]]
 
     def wake(self, t: float) -> None:
         """An arrival at t wakes an idle replica: its next step starts then."""
@@ -464,7 +468,7 @@ class Cursor:
             if arrived > t or not (budget > 0 and running < self.max_seqs and free > 0):
                 break
             # a preempted request recomputes its output too
-            tokens = int(reqs.prompt[rid]) + (victims[rid][0] if rid in victims else int(reqs.generated[rid]))
+            tokens = reqs.prompt_v[rid] + (victims[rid][0] if rid in victims else reqs.generated_v[rid])
             alone = budget == full
             if not chunked and not whole_fits(tokens, -(-tokens // B), budget, alone, free):
                 break  # it waits whole
@@ -478,10 +482,9 @@ class Cursor:
     def _waiting_at(self, end: float) -> int:
         """Requests sent here and not admitted, by the end of a step at `end` (those not arrived
         by then are at the tail: `pending` is in arrival order; a long queue is not walked)."""
-        w = len(self.pending)
-        for _, arrived in reversed(self.pending):
-            if arrived <= end:
-                break
+        pend = self.pending
+        w = len(pend)
+        while w and pend[w - 1][1] > end:  # (from the tail: a deque's ends are read in O(1))
             w -= 1
         return w
 
@@ -588,7 +591,7 @@ class Cursor:
         if done_pre:  # a prefill done samples its first token (a recomputed one its next token)
             R = self.R
             for e in done_pre:
-                if R[e] == int(reqs.output[self.RID[e]]):
+                if R[e] == reqs.output_v[self.RID[e]]:
                     self.first.append((self.RID[e], end))
                 R[e] = R[e] - 1
             emitted += len(done_pre)
@@ -667,7 +670,7 @@ class Cursor:
         else:
             self.ctx -= c
             self._unindex(e)
-        gen = int(self.reqs.output[rid]) - left
+        gen = self.reqs.output_v[rid] - left
         self.victims[rid] = (gen, prop, acc, ver, vem)
         self.preempted.append((rid, gen, prop, acc, ver, vem))
         self.pre_t.append(self.t)
@@ -686,16 +689,16 @@ class Cursor:
         self.C.append(c)
         v = self.victims.pop(rid, None) if self.victims else None  # (preempted by this cursor)
         if v is None:
-            if reqs.preemptions[rid]:  # preempted before, by an ordinary step: as the request table holds it
+            if reqs.preemptions_v[rid]:  # preempted before, by an ordinary step: as the request table holds it
                 v = (int(reqs.generated[rid]), int(reqs.proposed[rid]), int(reqs.accepted[rid]),
                      int(reqs.verify_steps[rid]), int(reqs.verify_emitted[rid]))
             else:  # never admitted before: nothing generated, no drafts counted (only preemptions write them back)
                 v = FRESH
-        self.R.append(int(reqs.output[rid]) - v[0])
+        self.R.append(reqs.output_v[rid] - v[0])
         self.RID.append(rid)
         self.TGT.append(tokens)
         if self.spec is not None:
-            self.NX.append(int(reqs.lead_off[rid]) + v[3])
+            self.NX.append(reqs.lead_off_v[rid] + v[3])
             self.PROP.append(v[1])
             self.ACC.append(v[2])
             self.VEM.append(v[4])
@@ -845,7 +848,7 @@ class PlainCursor(Cursor):
     """A cursor without speculation: every decoding sequence gains one token a step, so a decoding
     entry e has context C_e + S after the cursor's S-th step (`C` holds its base) and finishes at
     step FIN_e; the context sum, the KV blocks the next steps take (a histogram of base mod B) and
-    the next completion (a heap of FIN) are kept without touching every entry
+    the next completion (a heap of FIN, `HEAP_SHIFT`) are kept without touching every entry
     (`sim.fusion.plan_absorbing`'s scalars). Entries still prefilling keep their context in `C`."""
 
     def __init__(self, rep: ReplicaState, t: float) -> None:
@@ -865,7 +868,7 @@ class PlainCursor(Cursor):
             if e not in p:
                 h = self.C[e] % B
                 self.hist[h] = self.hist[h] + 1
-                heap.append((self.FIN[e], e))
+                heap.append((self.FIN[e] << HEAP_SHIFT) | e)
         heapq.heapify(heap)
         self.heap = heap
 
@@ -894,11 +897,11 @@ class PlainCursor(Cursor):
     def _pop_dead(self) -> None:
         """Drop preempted entries off the heap's top: its top is the next completion."""
         heap, alive = self.heap, self.alive
-        while heap and not alive[heap[0][1]]:
+        while heap and not alive[heap[0] & HEAP_ENTRY]:
             heapq.heappop(heap)
 
     def _fewest_steps(self) -> tuple[int, int]:
-        return self.heap[0][0] - self.S, 1  # (the next completion, from the heap)
+        return (self.heap[0] >> HEAP_SHIFT) - self.S, 1  # (the next completion, from the heap)
 
     def _reserve(self, k: int, dec: list[int], drop: list[int] | None = None) -> tuple[int, int]:
         S = self.S
@@ -925,7 +928,7 @@ class PlainCursor(Cursor):
             self.C[e] = be
             f = S + self.R[e]
             self.FIN[e] = f
-            heapq.heappush(self.heap, (f, e))
+            heapq.heappush(self.heap, (f << HEAP_SHIFT) | e)
             h = be % B
             self.hist[h] = self.hist[h] + 1
 
@@ -938,13 +941,13 @@ class PlainCursor(Cursor):
 
     def _finish(self, t: float) -> None:
         heap, S = self.heap, self.S
-        if not heap or heap[0][0] > S:
+        if not heap or heap[0] >> HEAP_SHIFT > S:
             return
         count = 0
         alive = self.alive
         gone: list[int] = []
-        while heap and heap[0][0] <= S:
-            _, e = heapq.heappop(heap)
+        while heap and heap[0] >> HEAP_SHIFT <= S:
+            e = heapq.heappop(heap) & HEAP_ENTRY
             if not alive[e]:
                 continue  # (preempted)
             c = self.C[e] + S
@@ -960,9 +963,12 @@ class PlainCursor(Cursor):
             gone.append(e)
         self._pop_dead()
         act = self.active
-        if count <= FEW_LEFT:  # (in place, order kept: a scan in C, not a new list)
+        if count <= FEW_LEFT:  # (in place, order kept: a scan of C ints, not a new list)
             for e in gone:
-                act.remove(e)
+                i = 0
+                while act[i] != e:
+                    i += 1
+                del act[i]
         else:
             self.active = [e for e in act if alive[e]]
         self.gone.append((t, count))
@@ -977,7 +983,7 @@ class PlainCursor(Cursor):
         cost = self.rt.cost
         n = len(self.active)
         t, S = self.t, self.S
-        m = self.heap[0][0] - S
+        m = (self.heap[0] >> HEAP_SHIFT) - S
         ctx0 = float(self.ctx)
         d0 = cost.decode_s(n, ctx0)
         sb = fb.next_cut_s(t)  # steps start before it
@@ -1095,7 +1101,7 @@ class RackPlanner:
             return q.popleft()
         if self.broken:
             return None
-        now = rep.env.now
+        now = rep.env._now
         if self.j < 0:  # the first boundary: every idle replica is known (empty)
             self.j = self.fuse.next_index
             for s in self.replicas:
@@ -1122,7 +1128,7 @@ class RackPlanner:
         if self.broken:
             return
         r = rep.idx
-        now = rep.env.now
+        now = rep.env._now
         c = self.cursors[r]
         if c is not None:  # (its cursor did not plan this step)
             self._drop(r, c, now)
@@ -1141,7 +1147,7 @@ class RackPlanner:
         """A replica waits for work from now: known again (empty) from now on."""
         r = rep.idx
         if not self.broken and self.cursors[r] is None and self.j >= 0 and not self.pieces[r]:
-            c = self.cursors[r] = cursor_for(rep, rep.env.now)
+            c = self.cursors[r] = cursor_for(rep, rep.env._now)
             later = [p for p in self.carry[r] if p[1] > c.since]
             self.carry[r] = []
             if later:  # (sent here by the plan, arriving later)
@@ -1190,7 +1196,7 @@ class RackPlanner:
         changes = self.changes
         stop_s = math.inf  # the next change of the live set after now: nothing is planned past it yet
         if changes:
-            i = bisect.bisect_right(changes, fb.env.now)
+            i = bisect.bisect_right(changes, fb.env._now)
             stop_s = changes[i] if i < len(changes) else math.inf
         fleet = self.fleet
         while not self.broken:
@@ -1232,12 +1238,17 @@ class RackPlanner:
                 tie = tie or (isinstance(got[1], Out) and got[1].start_s == a)
             if len(counts) < R:
                 break  # a replica's count at a is not known yet
-            if sum(counts) + 1 > self.limit or tie:
+            total = best = 0  # (the sum, and the first replica with the fewest: one loop of C ints)
+            least = counts[0]
+            for r in range(R):
+                n_r = counts[r]
+                total += n_r
+                if n_r < least:
+                    best, least = r, n_r
+            if total + 1 > self.limit or tie:
                 self.broken = True  # the backlog could stop the run here, or a tie SimPy's event order decides
                 break
-            if fleet is None:
-                best = counts.index(min(counts))
-            else:
+            if fleet is not None:
                 live = [r for r in range(R) if fleet.state[r] == LIVE]
                 best = min(live, key=counts.__getitem__)
             self.routed[j] = best
@@ -1287,7 +1298,7 @@ def loop_piece(rep: ReplicaState) -> tuple[Piece, SendFeed, bool] | None:
         return None
     fb = rep.fuse
     assert fb is not None
-    now = rep.env.now
+    now = rep.env._now
     c = cursor_for(rep, now)
     if c.t == math.inf:
         return None

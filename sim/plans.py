@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 import simpy
@@ -15,17 +15,18 @@ import simpy
 from sim.state import ReplicaState
 
 # a joint piece's queue operations in order, where it preempted (`sim.joint.Piece.ops`)
-ADMIT_OP, PREEMPT_OP = 0, 1
-FUSE_MAX_STEPS = 4096  # longest fused run planned at once (a longer one is planned again at its end)
-FUSE_MAX_PIECES = 1024  # most segments and mixed steps a fused run admitting arrivals plans at once
-NEAR = 1e-9  # an arrival this close (relative) to a step boundary ends a run admitting arrivals
+ADMIT_OP: Final = 0
+PREEMPT_OP: Final = 1
+FUSE_MAX_STEPS: Final = 4096  # longest fused run planned at once (a longer one is planned again at its end)
+FUSE_MAX_PIECES: Final = 1024  # most segments and mixed steps a fused run admitting arrivals plans at once
+NEAR: Final = 1e-9  # an arrival this close (relative) to a step boundary ends a run admitting arrivals
 # most acceptance uniforms a fused speculative run draws at once (steps x sequences x k; its memory
 # and the draws wasted when it stops early stay bounded; a longer run continues in the next one)
-FUSE_MAX_DRAWS = 1 << 16
+FUSE_MAX_DRAWS: Final = 1 << 16
 # a speculative run of a plain chain with a fixed k starting with more sequences than this is planned by
 # numpy's arrays (`sim.fusion.spec_run`); a smaller one, and every tree or adaptive run, step by step in
 # scalars (`sim.fusion.spec_steps_run`)
-SPEC_STEP_SEQS = 64
+SPEC_STEP_SEQS: Final = 64
 
 
 def exact_delay(now: float, end_s: float) -> float:
@@ -46,10 +47,10 @@ def land_at(env: simpy.Environment, end_s: float) -> Generator[simpy.Event, Any,
     """Timeouts that end exactly at `end_s`: one (`exact_delay`), or, where no single delay lands
     on it (end_s over twice now, between two rounded sums), one to within a factor 2 of it first,
     from where end_s - now is exact (Sterbenz) and lands."""
-    d = exact_delay(env.now, end_s)
-    if env.now + d != end_s:
-        yield env.timeout(0.75 * end_s - env.now)
-        d = end_s - env.now
+    d = exact_delay(env._now, end_s)
+    if env._now + d != end_s:
+        yield env.timeout(0.75 * end_s - env._now)
+        d = end_s - env._now
     yield env.timeout(d)
 
 

@@ -11,7 +11,7 @@ by every path that takes a step (the ordinary step, fused runs, the rack planner
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from sim.deployment import SpecRuntime
     from sim.state import ReplicaState
 
-ADAPTIVE_SCALAR_SEQS = 40  # the adaptive policy weighs a larger batch's acceptance estimates with numpy
+ADAPTIVE_SCALAR_SEQS: Final = 40  # the adaptive policy weighs a larger batch's acceptance estimates with numpy
 
 # whether this module runs compiled (mypyc: a shared object, not this source): over a large batch the
 # adaptive policy's sums then run in compiled scalars, where the interpreter hands them to numpy (the
@@ -112,7 +112,7 @@ def expected_sums_by_depth(n: int, acc: list[int], prop: list[int], dp: list[flo
     return out
 
 
-ADAPTIVE = -1  # `policy_k`'s answer for the adaptive policy: k is weighed from acceptance estimates
+ADAPTIVE: Final = -1  # `policy_k`'s answer for the adaptive policy: k is weighed from acceptance estimates
 
 
 def fixed(spec: SpecRuntime, n_running: int, speculating: bool) -> int:

@@ -6,7 +6,7 @@ fused run, the rack planner): the scalar forms (`spec_step`, `shape_step`) and t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import numpy as np
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 # a fused speculative run of at most this many steps is priced step by step in scalars (measured: 8
 # steps of 2 sequences with a draft, 79 us with numpy's arrays, ~3 us a step in scalars)
-SPEC_SCALAR_STEPS = 24
+SPEC_SCALAR_STEPS: Final = 24
 
 # `StepPricer.spec_step`'s cached terms, typed item by item (compiled, its arithmetic is then on C
 # doubles, not Python objects): a draft pass's (half its context growth, `CostModel.pass_parts`, the

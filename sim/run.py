@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
@@ -156,9 +156,9 @@ def _arrivals(env: simpy.Environment, times: np.ndarray, replicas: list[Replica]
 
 # prefix_affinity's guards, SGLang's cache-aware router defaults (sgl-router / SMG: --cache-threshold
 # 0.3, --balance-abs-threshold 64, --balance-rel-threshold 1.5)
-AFFINITY_MIN_MATCH = 0.3  # share of the prompt the best replica must hold cached to win the request
-AFFINITY_BALANCE_ABS = 64  # imbalanced when max - min outstanding exceeds this ...
-AFFINITY_BALANCE_REL = 1.5  # ... and max exceeds min x this: then least outstanding, caches ignored
+AFFINITY_MIN_MATCH: Final = 0.3  # share of the prompt the best replica must hold cached to win the request
+AFFINITY_BALANCE_ABS: Final = 64  # imbalanced when max - min outstanding exceeds this ...
+AFFINITY_BALANCE_REL: Final = 1.5  # ... and max exceeds min x this: then least outstanding, caches ignored
 
 
 def _route(replicas: list[Replica], router: str, rr: int, rid: int) -> Replica:
@@ -218,19 +218,19 @@ class ClosedLoop:
             self._send()
 
     def _send(self) -> None:
-        if self.next >= self.reqs.arrival.size or self.env.now >= self.until_s:
+        if self.next >= self.reqs.arrival.size or self.env._now >= self.until_s:
             return
         i = self.next
         self.next += 1
-        if self.not_before is not None and self.not_before[i] > self.env.now:
+        if self.not_before is not None and self.not_before[i] > self.env._now:
             self.env.process(self._submit_at(i, float(self.not_before[i])))
             return
         self._submit(i)
 
     def _submit(self, i: int) -> None:
-        self.reqs.arrival[i] = self.env.now
+        self.reqs.arrival[i] = self.env._now
         if self.frontend_s > 0:  # the request reaches the engine's queue after the frontend
-            self.inflight.append((self.env.now + self.frontend_s, i))
+            self.inflight.append((self.env._now + self.frontend_s, i))
             self.env.process(self._enqueue_after(i, self.frontend_s))
             return
         _route(self.replicas, self.router, self.rr, i).submit(i)
@@ -247,10 +247,10 @@ class ClosedLoop:
         """Request i, sent inside a fused run that planned the send, reaches the queue at time t
         (after the run's end: through the frontend)."""
         self.inflight.append((t, i))
-        self.env.process(self._enqueue_after(i, t - self.env.now))
+        self.env.process(self._enqueue_after(i, t - self.env._now))
 
     def _submit_at(self, i: int, t: float) -> Generator[simpy.Event, Any, None]:
-        yield self.env.timeout(t - self.env.now)
+        yield self.env.timeout(t - self.env._now)
         self._submit(i)
 
     def _after(self, delay: float) -> Generator[simpy.Event, Any, None]:
@@ -446,7 +446,7 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
             req_df["host_cached_tokens"] = reqs.host_cached
     # one array per column, built block by block (no second copy of the rows), and not copied again
     steps = pd.DataFrame(log.columns(STEP_INT_COLUMNS), copy=False)
-    return RunOutput(req_df, steps, truncated, float(env.now), rejected=rejected,
+    return RunOutput(req_df, steps, truncated, float(env._now), rejected=rejected,
                      rejected_arrival_s=rej.arrival_s.to_numpy(np.float64), rejected_lines=rejected_lines,
                      rejected_reason=rejection_reason(rt) if rejected else "",
                      stopped_early=failed.value if failed is not None and failed.triggered else None,
@@ -476,17 +476,17 @@ def _watch_slo(env: simpy.Environment, reqs: Requests, watch: SloWatch, start_s:
     failing count. It only reads the request table: the run is the same until it fires."""
     t = start_s + period_s
     while True:
-        if t > env.now:
-            yield timeout_with(env, t - env.now, LATE)
-        got = watch.failed(reqs.first_token, reqs.completion, env.now)
+        if t > env._now:
+            yield timeout_with(env, t - env._now, LATE)
+        got = watch.failed(reqs.first_token, reqs.completion, env._now)
         if got is not None:
             failed.succeed(got)
             return
         step = period_s
         p = watch.progress
         if p > 0.0:  # its count would reach the failing count in about (1 - p) / p times the time so far
-            step = min(period_s, max(SLO_CHECK_MIN_S, (env.now - start_s) * (1.0 - p) / p))
-        t = env.now + step
+            step = min(period_s, max(SLO_CHECK_MIN_S, (env._now - start_s) * (1.0 - p) / p))
+        t = env._now + step
 
 
 def _watch_done(env: simpy.Environment, reqs: Requests, progress: Progress | None = None,
@@ -515,7 +515,7 @@ def _watch_done(env: simpy.Environment, reqs: Requests, progress: Progress | Non
         yield timeout_with(env, 1.0, LATE)
         if progress is not None:
             progress.update(reqs.n_done)
-        if loop is not None and env.now >= loop.until_s:
+        if loop is not None and env._now >= loop.until_s:
             total = loop.next  # nothing more is sent
         if reqs.n_done >= total:
             return

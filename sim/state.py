@@ -80,9 +80,10 @@ class ReplicaState:
         self.n_running = 0
         self.gone: list[tuple[float, int]] = []  # a fused run in flight: (time, sequences) completing inside it
         # a piece of the joint plan in flight: its completion times and the sequences completed before each
-        # (gone_n[i]: those before gone_t[i]; one entry more), so `outstanding` bisects a long piece's list
+        # (gone_n[i]: those before gone_t[i]; one entry more), read by `outstanding`
         self.gone_t: list[float] = []
         self.gone_n: list[int] = [0]
+        self.gone_i = 0  # the piece's completions before the last `outstanding` call
         self.taken: list[float] = []  # a fused run in flight: the start of each admission inside it
         self.pre_t: list[float] = []  # a joint piece in flight: the start of each step that preempted inside it
         self.loop_hard = False  # a closed loop's piece ended before a step the ordinary step must take
@@ -94,9 +95,17 @@ class ReplicaState:
         only when the run ends; the router must see what the unfused engine would show)."""
         o = self.n_running + len(self.waiting)
         if self.gone:  # (a list: empty is the common case)
-            now = self.env.now
-            if self.gone_t:  # a joint plan's piece: (times, cumulative counts), by bisection
-                return o - self.gone_n[bisect.bisect_left(self.gone_t, now)]
+            now = self.env._now
+            if self.gone_t:  # a joint plan's piece: (times, cumulative counts)
+                # the completions before now (`bisect_left`): the clock only moves on, so the count
+                # is found by stepping on from the last call's, in C doubles
+                gt = self.gone_t
+                i, n = self.gone_i, len(gt)
+                t_now: float = now
+                while i < n and gt[i] < t_now:
+                    i += 1
+                self.gone_i = i
+                return o - self.gone_n[i]
             for t, count in self.gone:
                 if t < now:  # an arrival at the same instant comes first (URGENT), as unfused
                     o -= count
@@ -109,10 +118,10 @@ class ReplicaState:
         first, URGENT, and still sees them waiting), plus those a joint piece's steps preempted,
         from their step's start (they join the queue only when the piece ends)."""
         if self.pre_t:  # (a victim waits from its step's start; its readmission is one of `_taken`)
-            now = self.env.now
+            now = self.env._now
             return len(self.waiting) - bisect.bisect_left(self.taken, now) + bisect.bisect_left(self.pre_t, now)
         if self.taken:
-            return len(self.waiting) - bisect.bisect_left(self.taken, self.env.now)
+            return len(self.waiting) - bisect.bisect_left(self.taken, self.env._now)
         return len(self.waiting)
 
     # ------------------------------------------------------------- state

@@ -22,7 +22,6 @@ Each step, in this order (vLLM v1-like):
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 
 import numpy as np
@@ -151,8 +150,12 @@ def new_blocks_first(hist: list[int], S: int) -> list[int]:
     from `hist`, their count by (context - S) mod B (a sequence takes a block at the step its
     context passes a multiple of B)."""
     s0 = (-S) % BLOCK_SIZE
-    cnt = hist[s0::-1] + hist[:s0:-1]  # cnt[r] = hist[(-S - r) % B]
-    return list(itertools.accumulate(cnt, initial=0))
+    first = [0] * (BLOCK_SIZE + 1)
+    acc = 0
+    for r in range(BLOCK_SIZE):
+        acc += hist[(s0 - r) % BLOCK_SIZE]  # the sequences that take a block at step r + 1
+        first[r + 1] = acc
+    return first
 
 
 def blocks_over(n: int, steps: int, first: list[int]) -> int:
@@ -198,10 +201,16 @@ def prefill_sums(chunks: list[int], ctxs: list[int]) -> tuple[float, float, floa
     sums are of integers, so exact whatever their order."""
     if len(chunks) == 1:  # (the usual case)
         return prefill_sums_one(chunks[0], ctxs[0])
-    if not chunks:
-        return 0.0, 0.0, 0.0
-    pairs = float(sum([c * x for c, x in zip(chunks, ctxs, strict=True)])) + 0.5 * float(sum([c * (c + 1) for c in chunks]))
-    return float(sum(chunks)), float(sum(ctxs)), pairs
+    if len(ctxs) != len(chunks):
+        raise ValueError(f"{len(chunks)} prefill chunks, {len(ctxs)} contexts")
+    tokens = ctx = cx = cc = 0  # (whole numbers: the same sums in any order; a loop of C ints)
+    for i in range(len(chunks)):
+        c, x = chunks[i], ctxs[i]
+        tokens += c
+        ctx += x
+        cx += c * x
+        cc += c * (c + 1)
+    return float(tokens), float(ctx), float(cx) + 0.5 * float(cc)
 
 
 def prefill_pending(rep: ReplicaState) -> bool:

@@ -124,6 +124,13 @@ class StepLog:
         return np.concatenate([*self._done, self._cur[: self._i]])
 
 
+def _int_view(a: np.ndarray) -> memoryview:
+    """A flat int64 array's items as Python ints (`Requests`' views), without a copy."""
+    if a.dtype != np.int64 or a.ndim != 1 or not a.flags.c_contiguous:
+        raise ValueError(f"a request column must be a flat int64 array, got {a.dtype} of shape {a.shape}")
+    return a.data
+
+
 class Requests:
     """The request table as arrays, plus what the simulation fills in."""
 
@@ -173,12 +180,21 @@ class Requests:
         # tokens the decode replica recomputes in the step of the request's first chunk
         self.preloaded: np.ndarray | None = None
         self.draft_pending: np.ndarray | None = None
+        # the columns a joint plan reads one request at a time, as views whose items are Python ints
+        # (a numpy scalar per read costs an object and a conversion; the same memory, so the views
+        # follow the simulation's writes)
+        self.prompt_v = _int_view(prompt)
+        self.output_v = _int_view(output)
+        self.generated_v = _int_view(self.generated)
+        self.preemptions_v = _int_view(self.preemptions)
+        self.lead_off_v = _int_view(self.lead_off)
 
     def set_draws(self, lead: bytes, offsets: np.ndarray) -> None:
         """Give each request its verification outcomes (`models.speculative.acceptance_draws`)."""
         self.lead_b = lead
         self.lead = np.frombuffer(lead, dtype=np.uint8)
         self.lead_off = offsets
+        self.lead_off_v = _int_view(offsets)
 
     def drafts_accepted(self, rid: np.ndarray, verified: np.ndarray, k: int) -> np.ndarray:
         """Drafted tokens accepted by the next verification (of depth k) of requests `rid`, which
