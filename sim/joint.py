@@ -144,6 +144,7 @@ class Cursor:
         if self.spec is not None:  # per step: k under the fixed policy (-1: chosen each step), q_v by k
             self._k_fixed = self.spec.k if self.spec.policy == "fixed" else -1
             self._qv = [1] + [self.spec.verify_tokens(j) for j in range(1, self.spec.k + 1)]
+            self._qv_max = max(self._qv)
         n = rep.n_running
         self.C: list[int] = rep.computed[:n].tolist()
         self.R: list[int] = (rep.out[:n] - rep.gen[:n]).tolist()
@@ -352,11 +353,16 @@ class Cursor:
         most tokens a step emits; the most tokens a step adds to a sequence's KV, q_v at most.)"""
         m = self._min_left
         if m is None:
-            R = self.R
-            m = self._min_left = min([R[e] for e in self.active])
+            R, act = self.R, self.active
+            lo = R[act[0]]  # (typed int, a loop of C ints: no list, no generic comparison)
+            for e in act:
+                r = R[e]
+                if r < lo:
+                    lo = r
+            m = self._min_left = lo
         if self.spec is None:
             return m, 1
-        return -(-m // (self.spec.k + 1)), max(self._qv)
+        return -(-m // (self.spec.k + 1)), self._qv_max
 
     def advance(self, a: float, end_bound: float, fb: FuseBound, lazy: bool = False) -> bool:
         """Plan the steps that end before a; False when the step at t cannot be planned here (the
@@ -768,7 +774,15 @@ class Cursor:
                 self.done.append((rid[e], t, p, a, self._verified(e), v))
             else:
                 self.done.append((rid[e], t, 0, 0, 0, 0))
-        self.active = [e for e in self.active if R[e] > 0]
+        act = self.active
+        if len(left) <= FEW_LEFT:  # (in place, order kept: `left` is every entry with nothing left)
+            for e in left:
+                i = 0
+                while act[i] != e:
+                    i += 1
+                del act[i]
+        else:
+            self.active = [e for e in act if R[e] > 0]
         self.gone.append((t, len(left)))
         self._min_left = None
 
