@@ -81,7 +81,7 @@ PACK_ROWS: Final = 256
 # tuple to build or compare: ordered by FIN, then e, as the tuple (FIN, e) would be)
 HEAP_SHIFT: Final = 32
 HEAP_ENTRY: Final = (1 << HEAP_SHIFT) - 1
-FEW_LEFT: Final = 8  # completions at once that leave the batch list in place (`PlainCursor._finish`)
+FEW_LEFT: Final = 8  # completions at once that leave the batch list in place (`drop_entries`)
 EXTEND_ARRIVALS: Final = 512  # arrivals routed by one extension of the plan (then every replica's steps become a piece)
 QUIET_MARGIN: Final = 1e-9  # relative: a replica is left unplanned up to an arrival only this clearly before its next completion
 
@@ -775,12 +775,8 @@ class Cursor:
             else:
                 self.done.append((rid[e], t, 0, 0, 0, 0))
         act = self.active
-        if len(left) <= FEW_LEFT:  # (in place, order kept: `left` is every entry with nothing left)
-            for e in left:
-                i = 0
-                while act[i] != e:
-                    i += 1
-                del act[i]
+        if len(left) <= FEW_LEFT:  # (`left` is every entry with nothing left)
+            drop_entries(act, left)
         else:
             self.active = [e for e in act if R[e] > 0]
         self.gone.append((t, len(left)))
@@ -977,12 +973,8 @@ class PlainCursor(Cursor):
             gone.append(e)
         self._pop_dead()
         act = self.active
-        if count <= FEW_LEFT:  # (in place, order kept: a scan of C ints, not a new list)
-            for e in gone:
-                i = 0
-                while act[i] != e:
-                    i += 1
-                del act[i]
+        if count <= FEW_LEFT:
+            drop_entries(act, gone)
         else:
             self.active = [e for e in act if alive[e]]
         self.gone.append((t, count))
@@ -1044,6 +1036,16 @@ class PlainCursor(Cursor):
         self.p_steps += k
         self.t = end
         return DONE
+
+
+def drop_entries(act: list[int], gone: list[int]) -> None:
+    """These entries leave the batch list in place, its order kept: for a few of them a scan of C
+    ints each is cheaper than a new list (`FEW_LEFT`)."""
+    for e in gone:
+        i = 0
+        while act[i] != e:
+            i += 1
+        del act[i]
 
 
 def _quiet_until(x: float) -> float:
