@@ -68,24 +68,26 @@ class StepLog:
         if not buf:
             return
         self._flush()
+        self._write(buf)
+        self.n += len(buf) // ROW.size
+
+    def _flush(self) -> None:
+        """The single rows waiting, into the block (packed as doubles, row by row: a third faster
+        than a float iterator over the tuples, and a row of the wrong length is refused, never
+        shifting the rest)."""
+        rows = self._pending
+        if not rows:
+            return
+        self._pending = []
+        self._write(pack_rows(rows))
+
+    def _write(self, buf: bytes) -> None:
+        """Packed rows into the current block (a new one when they do not fit)."""
         rows = len(buf) // ROW.size
         if self._i + rows > self._cur.shape[0]:
             self._next_block(rows)
         self._cur[self._i: self._i + rows] = np.frombuffer(buf, dtype=np.float64).reshape(rows, -1)
         self._i += rows
-        self.n += rows
-
-    def _flush(self) -> None:
-        rows = self._pending
-        if not rows:
-            return
-        self._pending = []
-        if self._i + len(rows) > self._cur.shape[0]:
-            self._next_block(len(rows))
-        # (packed as doubles, row by row: a third faster than a float iterator over the tuples, and
-        # a row of the wrong length is refused, never shifting the rest)
-        self._cur[self._i: self._i + len(rows)] = np.frombuffer(pack_rows(rows), dtype=np.float64).reshape(len(rows), -1)
-        self._i += len(rows)
 
     def block(self, rows: int) -> np.ndarray:
         """`rows` new rows at once, to be filled in place (a fused run of speculative steps)."""
