@@ -149,9 +149,10 @@ def beta_ppf(q: np.ndarray, a: np.ndarray | float, b: np.ndarray | float) -> np.
     return np.asarray(betaincinv(a, b, q), dtype=np.float64)
 
 
-PPF_MEMO_PAIRS = 16  # classes (mean, spread) whose quantile values are kept
-PPF_MEMO_SIZE = 1 << 18  # values kept per class at most
-_PPF_MEMO: dict[tuple[float, float], tuple[np.ndarray, np.ndarray]] = {}
+PPF_MEMO_PAIRS = 16  # classes (mean, spread) whose quantile values are kept (`_class_ppf`)
+PPF_MEMO_STREAMS = 64  # (class, stream of quantiles) entries kept at most
+PPF_MEMO_SIZE = 1 << 18  # values kept per entry at most
+_PPF_MEMO: dict[tuple[float, float, float], tuple[np.ndarray, np.ndarray]] = {}
 
 
 def _class_ppf(q: np.ndarray, mean: float, spread: float) -> np.ndarray:
@@ -159,9 +160,10 @@ def _class_ppf(q: np.ndarray, mean: float, spread: float) -> np.ndarray:
     where its quantiles are a prefix of these (or these of its): a sweep's or a plan's runs of
     one seed draw the same quantiles for their requests in the same order (common random
     numbers), at every load and for every strategy of the same acceptance, and inverting the
-    Beta function is most of what a run's set-up costs. Elementwise, so the values are those of
-    one call over the whole array."""
-    key = (mean, spread)
+    Beta function is most of what a run's set-up costs. Each stream of quantiles (its first
+    value names it: a seed's) is kept apart, so a sweep's seeds, taken in turn, do not evict
+    each other. Elementwise, so the values are those of one call over the whole array."""
+    key = (mean, spread, float(q[0]) if q.size else -1.0)
     hit = _PPF_MEMO.get(key)
     known = np.empty(0)  # the values of a prefix of q already computed
     if hit is not None:
@@ -174,7 +176,7 @@ def _class_ppf(q: np.ndarray, mean: float, spread: float) -> np.ndarray:
     a, b = beta_params(mean, spread)
     vals = np.concatenate([known, beta_ppf(q[known.size:], a, b)])
     if q.size <= PPF_MEMO_SIZE:
-        if len(_PPF_MEMO) >= PPF_MEMO_PAIRS and key not in _PPF_MEMO:
+        if len(_PPF_MEMO) >= PPF_MEMO_STREAMS and key not in _PPF_MEMO:
             _PPF_MEMO.clear()
         _PPF_MEMO[key] = (q.copy(), vals.copy())
     return vals

@@ -420,7 +420,8 @@ class Cursor:
         k = policy_k(spec, n_run, self.rep.price.speculating)
         if k != ADAPTIVE or not dec:
             return k if k != ADAPTIVE else 0
-        return adaptive_pick(self.rep.price, *self._acc_prop(dec), float(self.ctx))
+        acc, prop = self._acc_prop(dec)  # (unpacked, not starred: a native call)
+        return adaptive_pick(self.rep.price, acc, prop, float(self.ctx))
 
     def _acc_prop(self, dec: list[int]) -> tuple[list[int], list[int]]:
         """The decoding entries' drafts accepted and proposed so far (the adaptive policy's
@@ -817,7 +818,8 @@ class Cursor:
                 if k_fixed >= 0:
                     k, cost = k_fixed, None
                 elif adaptive:  # the choice prices every k: the chosen one's figures come with it
-                    k, cost = adaptive_choice(price, *self._acc_prop(act), float(self.ctx))
+                    acc, prop = self._acc_prop(act)  # (unpacked, not starred: a native call)
+                    k, cost = adaptive_choice(price, acc, prop, float(self.ctx))
                 else:
                     k, cost = self._k(n, act), None
                 qv = qvs[k]

@@ -129,8 +129,12 @@ def gap_moments(steps: pd.DataFrame, shares: tuple[float, ...]) -> tuple[float, 
     # (unstable sorts: the weights are whole numbers of sequences, so every cumulative weight is
     # exact and the value picked does not depend on the order of equal values)
     o_lo = np.argsort(lo)
-    o_hi = np.argsort(hi)
-    c_lo, c_hi = np.cumsum(wr[o_lo]), np.cumsum(wr[o_hi])
+    c_lo = np.cumsum(wr[o_lo])
+    if (s == 0).all():  # every row one value (single steps, as a speculative run's): hi is lo, sorted once
+        o_hi, c_hi = o_lo, c_lo
+    else:
+        o_hi = np.argsort(hi)
+        c_hi = np.cumsum(wr[o_hi])
     for t in shares:
         x_low = lo[o_lo[_pct_hit(c_lo, total, t)]]
         x_up = hi[o_hi[_pct_hit(c_hi, total, t)]]

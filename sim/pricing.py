@@ -6,7 +6,7 @@ fused run, the rack planner): the scalar forms (`spec_step`, `shape_step`) and t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, final
 
 import numpy as np
 
@@ -19,17 +19,33 @@ if TYPE_CHECKING:
 # steps of 2 sequences with a draft, 79 us with numpy's arrays, ~3 us a step in scalars)
 SPEC_SCALAR_STEPS: Final = 24
 
-# `StepPricer.spec_step`'s cached terms, typed item by item (compiled, its arithmetic is then on C
-# doubles, not Python objects): a draft pass's (half its context growth, `CostModel.pass_parts`, the
-# draft's attention FLOPs per pair, attention peak, KV bytes per token, bandwidth, TP); the plain
-# decode pass's (linear, KV written, communication, overhead, and the same four); the step's (q, pairs of
-# an empty context, the verification's `pass_parts`, the target's four and TP, the draft's, the
-# plain pass's, the machinery's overhead fraction, its host seconds: `host_s`)
-DraftParts = tuple[float, float, float, float, float, float, float, float, float, float, float, float, int]
-PlainParts = tuple[float, float, float, float, float, float, float, float]
-StepParts = tuple[int, float, float, float, float, float, float, float, float, float, float, float, float, int,
-                  DraftParts | None, PlainParts | None, float | None, float, float]
+@final
+class StepParts:
+    """`StepPricer.spec_step`'s cached terms for one (batch, k, speculating), as a native class
+    (compiled, its fields are C doubles and ints read in place: a tuple's items would be unboxed at
+    every step): the step's q and pairs of an empty context, the verification's
+    `CostModel.pass_parts`, the target's attention FLOPs per pair, attention peak, KV bytes per
+    token, bandwidth and TP; a draft pass's (`has_draft`: half its context growth, its
+    `pass_parts`, the same four and TP); the plain decode pass's (`has_plain`: linear, KV written,
+    communication, overhead and the same four); the machinery's overhead fraction (`has_frac`) and
+    host seconds (`host_s`); `expand`: batch expansion's extra context read (-1: none)."""
 
+    def __init__(self, q: int, pairs0: float, target: tuple[float, float, float, float, float, float, float],
+                 apf: float, peak: float, kvb: float, bw: float, tp: int) -> None:
+        self.q = q
+        self.pairs0 = pairs0
+        self.lin, self.kv_w, self.w, self.act, self.comm_s, self.over_s, self.lin_f = target
+        self.apf, self.peak, self.kvb, self.bw, self.tp = apf, peak, kvb, bw, tp
+        self.has_draft = False
+        self.d_half = self.d_lin = self.d_kv_w = self.d_w = self.d_act = self.d_comm = self.d_over = 0.0
+        self.d_lin_f = self.d_apf = self.d_peak = self.d_kvb = self.d_bw = 0.0
+        self.d_tp = 0
+        self.has_plain = False
+        self.p_lin = self.p_kv_w = self.p_comm = self.p_over = self.p_apf = self.p_peak = self.p_kvb = self.p_bw = 0.0
+        self.has_frac = False
+        self.frac = 0.0
+        self.host = 0.0
+        self.expand = -1.0
 
 
 def expanded(n_dec: Any, ctx: Any, q: Any) -> tuple[Any, Any]:
@@ -72,6 +88,7 @@ class StepPricer:
         self.speculating = True
         self.decay_pows = [spec.decay ** i for i in range(spec.k)] if spec is not None else []
         self._step_parts: dict[int, StepParts] = {}  # `spec_step`'s cached terms, by `spec_step`'s key
+        self._shaped = spec is not None and spec.shape is not None  # (`spec_step`: priced by `shape_step`)
         self._parents_k: dict[int, list[float]] = {}  # `parents`
 
     def verify_plan(self, computed: np.ndarray, k: int, matched: np.ndarray | None) -> VerifyPlan:
@@ -220,7 +237,7 @@ class StepPricer:
         an empty prefill, x + 0.0, are x), each pass priced as `CostModel.pass_sums` prices it, inline
         from the terms that depend on the batch and k only (`spec_step_parts`, cached per batch, k
         and whether speculation is on): a short fused run's steps cost less so than with numpy."""
-        if k and self.rt.spec is not None and self.rt.spec.shape is not None:
+        if k and self._shaped:
             return self.shape_step(n_dec, ctx, k)
         key = (n_dec * 1024 + k) * 2 + self.speculating  # (n_dec, k < 1024, speculating) as one int
         pr = self._step_parts.get(key)
@@ -229,37 +246,37 @@ class StepPricer:
         # pass_sums of each pass inline, its operations in its order: the target's verification
         # (context ctx, pairs ctx q + n q (q + 1) / 2), k draft passes at the mean draft context,
         # and the plain decode pass the machinery's overhead is a fraction of
-        (q, pairs0, lin, kv_w, w, act, comm_s, over_s, lin_f, apf, peak, kvb, bw, tp,
-         draft_p, plain_p, frac, host, expand) = pr
-        attn_f = apf * (ctx * q + pairs0)
-        attn_c = attn_f / peak
-        kv_r = kvb * (ctx * q + expand) if expand >= 0.0 else kvb * ctx
-        attn_m = (kv_r + kv_w) / bw
-        total = lin + (attn_c if attn_c > attn_m else attn_m) + comm_s + over_s
-        flops = (lin_f + attn_f) * tp
-        nbytes = (w + kv_r + kv_w + act) * tp
+        q = pr.q
+        expand = pr.expand
+        attn_f = pr.apf * (ctx * q + pr.pairs0)
+        attn_c = attn_f / pr.peak
+        kv_r = pr.kvb * (ctx * q + expand) if expand >= 0.0 else pr.kvb * ctx
+        kv_w = pr.kv_w
+        attn_m = (kv_r + kv_w) / pr.bw
+        total = pr.lin + (attn_c if attn_c > attn_m else attn_m) + pr.comm_s + pr.over_s
+        flops = (pr.lin_f + attn_f) * pr.tp
+        nbytes = (pr.w + kv_r + kv_w + pr.act) * pr.tp
         draft = 0.0
-        if draft_p is not None:
-            (half, d_lin, d_kv_w, d_w, d_act, d_comm, d_over, d_lin_f, d_apf, d_peak, d_kvb, d_bw, d_tp) = draft_p
-            mean_ctx = ctx + half
-            d_attn_f = d_apf * (mean_ctx + n_dec)
-            d_attn_c = d_attn_f / d_peak
-            d_kv_r = d_kvb * mean_ctx
-            d_attn_m = (d_kv_r + d_kv_w) / d_bw
-            draft = k * (d_lin + (d_attn_c if d_attn_c > d_attn_m else d_attn_m) + d_comm + d_over)
-            flops += k * (d_lin_f + d_attn_f) * d_tp
-            nbytes += k * (d_w + d_kv_r + d_kv_w + d_act) * d_tp
+        if pr.has_draft:
+            mean_ctx = ctx + pr.d_half
+            d_attn_f = pr.d_apf * (mean_ctx + n_dec)
+            d_attn_c = d_attn_f / pr.d_peak
+            d_kv_r = pr.d_kvb * mean_ctx
+            d_kv_w = pr.d_kv_w
+            d_attn_m = (d_kv_r + d_kv_w) / pr.d_bw
+            draft = k * (pr.d_lin + (d_attn_c if d_attn_c > d_attn_m else d_attn_m) + pr.d_comm + pr.d_over)
+            flops += k * (pr.d_lin_f + d_attn_f) * pr.d_tp
+            nbytes += k * (pr.d_w + d_kv_r + d_kv_w + pr.d_act) * pr.d_tp
         step = total + draft
-        if frac is None:
+        if not pr.has_frac:
             over = 0.0
-        elif plain_p is not None:
-            p_lin, p_kv_w, p_comm, p_over, p_apf, p_peak, p_kvb, p_bw = plain_p
-            p_attn_c = p_apf * (ctx + n_dec) / p_peak
-            p_attn_m = (p_kvb * ctx + p_kv_w) / p_bw
-            over = (p_lin + (p_attn_c if p_attn_c > p_attn_m else p_attn_m) + p_comm + p_over) * frac
-            over += host
+        elif pr.has_plain:
+            p_attn_c = pr.p_apf * (ctx + n_dec) / pr.p_peak
+            p_attn_m = (pr.p_kvb * ctx + pr.p_kv_w) / pr.p_bw
+            over = (pr.p_lin + (p_attn_c if p_attn_c > p_attn_m else p_attn_m) + pr.p_comm + pr.p_over) * pr.frac
+            over += pr.host
         else:
-            over = total * frac + host
+            over = total * pr.frac + pr.host
         return step + over, total, draft, over, flops, nbytes
 
     def shape_step(self, n_dec: int, ctx: float, k: int) -> tuple[float, float, float, float, float, float]:
@@ -320,21 +337,29 @@ class StepPricer:
         q = k + 1
         # batch expansion (`spec_cost`): n q one-token sequences reading ctx q + `expand` tokens; -1: none
         expand = n_dec * q * (q - 1) / 2.0 if (k and spec.batch_expansion) else -1.0
-        lin, kv_w, w, act, comm_s, over_s, lin_f = cost.pass_parts(n_dec * q if expand >= 0.0 else n_dec, n_dec * q + 0.0)
-        draft_p: DraftParts | None = None
+        pr = StepParts(q, n_dec * q * (q + 1) / 2.0,
+                       cost.pass_parts(n_dec * q if expand >= 0.0 else n_dec, n_dec * q + 0.0),
+                       cost.attn_flops_per_pair, cost._peak_attn, cost.kv_bytes_per_token_gpu, cost.bw, cost.tp)
+        pr.expand = expand
         if dc is not None and k > 0:
             assert isinstance(dc, CostModel)
-            d_lin, d_kv_w, d_w, d_act, d_comm, d_over, d_lin_f = dc.pass_parts(n_dec, n_dec, False)
-            draft_p = (n_dec * (k - 1) / 2.0, d_lin, d_kv_w, d_w, d_act, d_comm, d_over, d_lin_f,
-                       dc.attn_flops_per_pair, dc._peak_attn, dc.kv_bytes_per_token_gpu, dc.bw, dc.tp)
-        plain_p: PlainParts | None = None
+            pr.has_draft = True
+            pr.d_half = n_dec * (k - 1) / 2.0
+            (pr.d_lin, pr.d_kv_w, pr.d_w, pr.d_act, pr.d_comm, pr.d_over,
+             pr.d_lin_f) = dc.pass_parts(n_dec, n_dec, False)
+            pr.d_apf, pr.d_peak, pr.d_kvb, pr.d_bw, pr.d_tp = (dc.attn_flops_per_pair, dc._peak_attn,
+                                                               dc.kv_bytes_per_token_gpu, dc.bw, dc.tp)
         if self.speculating and k > 0:
             pl = cost.pass_parts(n_dec, n_dec)
-            plain_p = (pl[0], pl[1], pl[4], pl[5], cost.attn_flops_per_pair, cost._peak_attn, cost.kv_bytes_per_token_gpu,
-                       cost.bw)
-        return (q, n_dec * q * (q + 1) / 2.0, lin, kv_w, w, act, comm_s, over_s, lin_f, cost.attn_flops_per_pair,
-                cost._peak_attn, cost.kv_bytes_per_token_gpu, cost.bw, cost.tp, draft_p, plain_p,
-                self.overhead_frac(n_dec) if self.speculating else None, self.host_s(n_dec, k), expand)
+            pr.has_plain = True
+            pr.p_lin, pr.p_kv_w, pr.p_comm, pr.p_over = pl[0], pl[1], pl[4], pl[5]
+            pr.p_apf, pr.p_peak, pr.p_kvb, pr.p_bw = (cost.attn_flops_per_pair, cost._peak_attn,
+                                                      cost.kv_bytes_per_token_gpu, cost.bw)
+        if self.speculating:
+            pr.has_frac = True
+            pr.frac = self.overhead_frac(n_dec)
+        pr.host = self.host_s(n_dec, k)
+        return pr
 
     def spec_cost_many(self, n_dec: int, ctx: np.ndarray, k: int) -> tuple[Any, ...]:
         """`spec_cost` of decode-only steps (every sequence decoding, no prefill) at each context

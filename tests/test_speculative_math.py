@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -255,3 +257,28 @@ def test_acceptance_quantiles_kept_per_class_are_the_direct_inversion() -> None:
         assert np.array_equal(acceptance_at_quantile(q, means[c], spreads[c]), direct(q, means[c], spreads[c]))
     m, s, q = rng.uniform(0.2, 0.9, 300), np.full(300, 0.1), rng.random(300)  # one class per request
     assert np.array_equal(acceptance_at_quantile(q, m, s), direct(q, m, s))
+
+
+def test_acceptance_quantile_streams_are_kept_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep takes its seeds in turn (seed 1, 2, 3 at one load, then at the next): each seed's
+    stream of quantiles keeps its own values, so at the next load only the quantiles beyond the
+    previous ones are inverted, and the values are the direct inversion's."""
+    import models.speculative as spec
+
+    inverted: list[int] = []
+    real = spec.beta_ppf
+
+    def counting(q: np.ndarray, a: Any, b: Any) -> np.ndarray:
+        inverted.append(q.size)
+        return real(q, a, b)
+
+    monkeypatch.setattr(spec, "beta_ppf", counting)
+    monkeypatch.setattr(spec, "_PPF_MEMO", {})
+    streams = [np.random.default_rng(seed).random(3000) for seed in (1, 2, 3)]
+    for n in (1000, 2000, 3000):  # three loads, each longer
+        for q in streams:
+            m, s = np.full(n, 0.7), np.full(n, 0.15)
+            got = spec.acceptance_at_quantile(q[:n], m, s)
+            a, b = spec.beta_params(0.7, 0.15)
+            assert np.array_equal(got, np.clip(real(q[:n], a, b), 0.0, 0.999))
+    assert inverted == [1000] * 3 + [1000] * 6  # after the first load, only the new quantiles
