@@ -94,7 +94,51 @@ def expected_sums_by_depth(n: int, acc: list[int], prop: list[int], dp: list[flo
     """The same expected tokens summed as numpy sums a large batch's (`adaptive_choice`,
     k_max >= 2): each depth's survival products over the sequences in order (numpy's sum over
     the rows of a (sequences x depths) array adds row by row), cumulated over the depths, plus n;
-    bit for bit numpy's figures, in scalars (what the compiled build runs)."""
+    bit for bit numpy's figures, in scalars (what the compiled build runs). Up to 6 depths the
+    sums are local variables (compiled: C doubles, not a list's boxed floats; a sum starts at 0.0,
+    and 0.0 + s is s: the survival products are positive)."""
+    k_max = len(dp)
+    if 0 < k_max <= 6:
+        d = dp + [0.0] * (6 - k_max)
+        d0, d1, d2, d3, d4, d5 = d[0], d[1], d[2], d[3], d[4], d[5]
+        s0 = s1 = s2 = s3 = s4 = s5 = 0.0
+        for j in range(len(acc)):
+            a = (acc[j] + 2.8) / (prop[j] + 4.0)
+            s = a * d0
+            s0 += s
+            if k_max == 1:
+                continue
+            s = s * (a * d1)
+            s1 += s
+            if k_max == 2:
+                continue
+            s = s * (a * d2)
+            s2 += s
+            if k_max == 3:
+                continue
+            s = s * (a * d3)
+            s3 += s
+            if k_max == 4:
+                continue
+            s = s * (a * d4)
+            s4 += s
+            if k_max == 5:
+                continue
+            s = s * (a * d5)
+            s5 += s
+        S = [s0, s1, s2, s3, s4, s5][:k_max]
+    else:
+        S = _depth_sums(acc, prop, dp)
+    out = [float(n)]
+    c = 0.0
+    for i in range(k_max):
+        c = S[i] if i == 0 else c + S[i]
+        out.append(n + c)
+    return out
+
+
+def _depth_sums(acc: list[int], prop: list[int], dp: list[float]) -> list[float]:
+    """`expected_sums_by_depth`'s sums over the sequences, depth by depth, for any depth."""
     k_max = len(dp)
     S = [0.0] * k_max
     for j in range(len(acc)):
@@ -104,12 +148,7 @@ def expected_sums_by_depth(n: int, acc: list[int], prop: list[int], dp: list[flo
         for i in range(1, k_max):
             s = s * (a * dp[i])
             S[i] = s if j == 0 else S[i] + s
-    out = [float(n)]
-    c = 0.0
-    for i in range(k_max):
-        c = S[i] if i == 0 else c + S[i]
-        out.append(n + c)
-    return out
+    return S
 
 
 ADAPTIVE: Final = -1  # `policy_k`'s answer for the adaptive policy: k is weighed from acceptance estimates
