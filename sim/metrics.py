@@ -590,12 +590,12 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     in_win = (start_s >= warmup_s) & (start_s < end_s)
     whole = bool(in_win.all())
 
-    def st_cols(*cols: str) -> pd.DataFrame:
-        return steps[list(cols)] if whole else steps.loc[in_win, list(cols)]
-
     def st_col(col: str) -> np.ndarray:
         x = steps[col].to_numpy()
         return x if whole else x[in_win]
+
+    def st_cols(*cols: str) -> pd.DataFrame:  # (from the columns' arrays: a masked `loc` copies every column)
+        return pd.DataFrame({c: st_col(c) for c in cols}, copy=False)
 
     st = st_cols(*(c for c in ("count", "chunk_gap_s", "gap_step_s", "decode_seqs") if c in steps.columns))
     s: dict[str, Any] = {}
