@@ -581,9 +581,12 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     `sim.summary.fleet_section`), None for every replica running throughout."""
     window = max(end_s - warmup_s, 1e-9)
     lat = request_latencies(req)
-    meas = (req.arrival_s >= warmup_s) & (req.arrival_s < end_s)
-    done = req.completion_s.notna()
-    m = lat[meas & done]
+    # the request columns as arrays (pandas' per-operation cost is most of a short run's summary)
+    arrival = req.arrival_s.to_numpy(np.float64)
+    completion = req.completion_s.to_numpy(np.float64)
+    meas = (arrival >= warmup_s) & (arrival < end_s)
+    md = meas & ~np.isnan(completion)  # measured and completed
+    m = {c: lat[c].to_numpy(np.float64)[md] for c in ("ttft_s", "tpot_s", "e2e_s", "queue_s")}
     # the steps starting in the window, only the columns each figure needs (a copy of the whole
     # table filtered would be its largest allocation on a long run)
     start_s = steps.start_s.to_numpy(np.float64)
@@ -599,35 +602,35 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
 
     st = st_cols(*(c for c in ("count", "chunk_gap_s", "gap_step_s", "decode_seqs") if c in steps.columns))
     s: dict[str, Any] = {}
-    s["ttft_s"] = dist(m.ttft_s.to_numpy())
-    s["tpot_s"] = dist(m.tpot_s.to_numpy())
+    s["ttft_s"] = dist(m["ttft_s"])
+    s["tpot_s"] = dist(m["tpot_s"])
     # ITL as vLLM's benchmark measures it: the gap between successive streamed chunks of a request;
     # with steps back to back, a decoding sequence waits one step per chunk, plus the prefill-only
     # steps that ran meanwhile (separate prefill): the step table's chunk_gap_s
     s["itl_s"] = gap_dist(st)
     s["itl_samples"] = int((st.decode_seqs * _counts(st)).sum())
     del st  # streamed-chunk gaps behind those percentiles
-    s["e2e_s"] = dist(m.e2e_s.to_numpy())
-    s["queue_s"] = dist(m.queue_s.to_numpy())
+    s["e2e_s"] = dist(m["e2e_s"])
+    s["queue_s"] = dist(m["queue_s"])
     offered = int(meas.sum())
     if rejected_arrival_s is not None and rejected_arrival_s.size:
         offered += int(((rejected_arrival_s >= warmup_s) & (rejected_arrival_s < end_s)).sum())
-    completed_in_window = int(((req.completion_s >= warmup_s) & (req.completion_s < end_s)).sum())
+    completed_in_window = int(((completion >= warmup_s) & (completion < end_s)).sum())
     s["offered_requests"] = offered
-    s["completed_requests"] = int((meas & done).sum())
+    s["completed_requests"] = int(md.sum())
     s["offered_rps"] = offered / window
     s["throughput_rps"] = completed_in_window / window
     s["throughput_tok_s"] = float(st_col("emitted_tokens").sum()) / window
     # goodput as vLLM's benchmark defines it: requests meeting every per-request target (TTFT, TPOT,
     # E2E; the loosest percentile's value when several are set); ITL is a per-chunk figure
-    good = pd.Series(True, index=m.index)
+    good = np.ones(int(md.sum()), dtype=bool)
     for metric in ("ttft", "tpot", "e2e"):
         bounds = [v for k, v in slo.items() if k.startswith(metric + "_")]
         if bounds:
             col = m[f"{metric}_s"]
-            good &= (col <= max(bounds)) | col.isna()
+            good &= (col <= max(bounds)) | np.isnan(col)
     s["goodput_rps"] = float(good.sum()) / window
-    s["slo_attainment"] = float(good.mean()) if len(m) else float("nan")
+    s["slo_attainment"] = float(good.mean()) if good.size else float("nan")
     dur = st_col("duration_s")
     busy = float(dur.sum())
     s["gpu_busy_fraction"] = busy / (window * replicas)
@@ -639,13 +642,15 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
             s[key] = s[key] * busy_scale
     s["mean_batch_size"] = float((st_col("batch_size") * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0
     del dur
-    s["preemptions"] = int(req.preemptions[meas].sum())
+    def req_sum(col: str) -> float:  # (NaN skipped, as pandas' sum skips it)
+        return float(np.nansum(req[col].to_numpy()[meas]))
+
+    s["preemptions"] = int(req_sum("preemptions"))
     # speculation, over the window like everything else: requests arriving in it, steps starting in it
-    rw = req[meas]
-    prop = float(rw.draft_proposed.sum())
-    s["acceptance_rate"] = float(rw.draft_accepted.sum()) / prop if prop else float("nan")
-    vs = float(rw.verify_steps.sum())
-    s["tokens_per_step"] = float(rw.verify_emitted.sum()) / vs if vs else 1.0
+    prop = req_sum("draft_proposed")
+    s["acceptance_rate"] = req_sum("draft_accepted") / prop if prop else float("nan")
+    vs = req_sum("verify_steps")
+    s["tokens_per_step"] = req_sum("verify_emitted") / vs if vs else 1.0
     s["draft_share"] = float(st_col("draft_s").sum()) / busy if busy else 0.0
     s["spec_overhead_share"] = float(st_col("spec_overhead_s").sum()) / busy if busy else 0.0
     s["queue_growth_rps"] = queue_growth_rps(st_cols(*(c for c in ("replica", "start_s", "waiting", "count", "chunk_gap_s",
