@@ -38,6 +38,13 @@ CAUSE_NAMES = {"verify": "verification compute", "draft": "drafter compute", "ho
 METRICS = ("tpot", "e2e")
 
 
+def _fsum(x: np.ndarray) -> float:
+    """math.fsum of the nonzero terms (the same exactly rounded sum: zeros add nothing, and the
+    terms here are never negative, so no -0.0 is lost): a run without drafts, host work or stalls
+    sums nothing for them."""
+    return math.fsum(x[x != 0.0])
+
+
 def step_shares(steps: pd.DataFrame, t0: float = -math.inf, t1: float = math.inf) -> dict[str, float]:
     """Shares of the time decoding sequences spent in steps starting in [t0, t1), by what the
     steps did (target, draft, host, stall), each step weighted by its decoding sequences (a
@@ -58,9 +65,9 @@ def step_shares(steps: pd.DataFrame, t0: float = -math.inf, t1: float = math.inf
     stall = np.where(single, np.maximum(col("chunk_gap_s") - dur, 0.0), 0.0)
     # what the step's time holds beyond its priced parts (none today; kept so shares sum to 1)
     rest = np.maximum(dur - target - draft - host, 0.0)
-    # math.fsum: exactly rounded, so the same steps give the same bits whatever their memory layout
-    w = {"target": math.fsum(n * (target + rest)), "draft": math.fsum(n * draft), "host": math.fsum(n * host),
-         "stall": math.fsum(n * stall)}
+    # exactly rounded sums, so the same steps give the same bits whatever their order
+    w = {"target": _fsum(n * (target + rest)), "draft": _fsum(n * draft), "host": _fsum(n * host),
+         "stall": _fsum(n * stall)}
     total = sum(w.values())
     if total <= 0:
         return {"target": 1.0, "draft": 0.0, "host": 0.0, "stall": 0.0}
