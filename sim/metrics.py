@@ -367,9 +367,14 @@ def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bo
     load: both trends are then judged from the end of the ramp on, and a run that ends too soon
     after it is too short.
     Insufficient: too short, or fewer than MIN_JUDGED_REQUESTS requests measured."""
-    done = req.completion_s.notna()
-    meas = (req.arrival_s >= warmup_s) & (req.arrival_s < end_s)
-    m = req[meas & done]
+    completion = req.completion_s.to_numpy(np.float64)
+    arrival = req.arrival_s.to_numpy(np.float64)
+    done = ~np.isnan(completion)
+    keep = done & (arrival >= warmup_s) & (arrival < end_s)
+    # the measured, completed requests' columns used here (from the arrays: no copy of the table)
+    m = pd.DataFrame({"arrival_s": arrival[keep], "first_token_s": req.first_token_s.to_numpy(np.float64)[keep],
+                      "completion_s": completion[keep], "scheduled_s": req.scheduled_s.to_numpy(np.float64)[keep]},
+                     copy=False)
     tau = float((m.completion_s - m.scheduled_s).mean()) if len(m) else 0.0
     settle = max(warmup_s, SETTLE_LIFETIMES * tau, ramp_s)
     short = end_s - settle < JUDGE_LIFETIMES * tau
@@ -710,21 +715,25 @@ def bench_metrics(req: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:
     over it, and mean/median/std/p90/p99 in ms of TTFT (from the send), TPOT (per request with
     more than one output token: (latency - TTFT) / (output - 1)), ITL (every streamed-chunk gap,
     pooled) and E2E latency (`e2el`). Over the whole tables (a benchmark has no warm-up)."""
-    done = req[req.completion_s.notna()]
-    if done.empty:
+    completion = req.completion_s.to_numpy(np.float64)
+    ok = ~np.isnan(completion)  # the completed requests (from the columns' arrays: no table copy)
+    n_done = int(ok.sum())
+    if not n_done:
         return {"completed": 0.0}
-    start = float(req.arrival_s.min())
-    duration = float(done.completion_s.max()) - start
-    ttft = (done.first_token_s - done.arrival_s).to_numpy()
-    e2el = (done.completion_s - done.arrival_s).to_numpy()
-    out_tok = done.output_tokens.to_numpy()
+    arrival = req.arrival_s.to_numpy(np.float64)
+    start = float(np.nanmin(arrival))
+    duration = float(completion[ok].max()) - start
+    ttft = req.first_token_s.to_numpy(np.float64)[ok] - arrival[ok]
+    e2el = completion[ok] - arrival[ok]
+    out_tok = req.output_tokens.to_numpy()[ok]
+    prompt_tok = req.prompt_tokens.to_numpy()[ok]
     many = out_tok > 1
     tpot = (e2el[many] - ttft[many]) / (out_tok[many] - 1)
     out: dict[str, float] = {
-        "completed": float(len(done)), "duration": duration,
-        "total_input_tokens": float(done.prompt_tokens.sum()), "total_output_tokens": float(out_tok.sum()),
-        "request_throughput": len(done) / duration, "output_throughput": float(out_tok.sum()) / duration,
-        "total_token_throughput": float(out_tok.sum() + done.prompt_tokens.sum()) / duration,
+        "completed": float(n_done), "duration": duration,
+        "total_input_tokens": float(prompt_tok.sum()), "total_output_tokens": float(out_tok.sum()),
+        "request_throughput": n_done / duration, "output_throughput": float(out_tok.sum()) / duration,
+        "total_token_throughput": float(out_tok.sum() + prompt_tok.sum()) / duration,
     }
     for name, x in (("ttft", ttft), ("tpot", tpot), ("e2el", e2el)):
         out.update(_stats(name, x, None))
