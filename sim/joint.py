@@ -70,7 +70,7 @@ from sim.step import (
     reserve_need,
     whole_fits,
 )
-from sim.tables import pack_rows
+from sim.tables import ROW, pack_rows
 
 B: Final = BLOCK_SIZE  # (Final: the compiled build reads constants as C values, not module attributes)
 LOOP_STEPS: Final = 1024  # most steps one piece of a closed loop's plan holds (`loop_piece`)
@@ -218,12 +218,28 @@ class Cursor:
         self.pre_t: list[float] = []
         self.ops: list[tuple[int, int]] = []
 
-    def _pack(self) -> None:
-        """The piece's rows but the last packed (`PACK_ROWS`; the last stays a tuple: a closed
-        loop's plan adds its sends' waits to it)."""
+    def _pack(self, every: bool = False) -> None:
+        """The piece's rows packed (`PACK_ROWS`), but the last unless `every` (a closed loop's plan
+        adds its sends' waits to the last row: `add_waits`)."""
         rows = self.rows
-        self.packed.append(pack_rows(rows[:-1]))
-        del rows[:-1]
+        if every:
+            self.packed.append(pack_rows(rows))
+            rows.clear()
+        else:
+            self.packed.append(pack_rows(rows[:-1]))
+            del rows[:-1]
+
+    def add_waits(self, waits: int) -> None:
+        """Requests that joined the queue at the end of the last step planned: its row's waiting
+        count grows by them (the row a tuple, or the last packed one)."""
+        rows = self.rows
+        if rows:
+            row = rows[-1]
+            rows[-1] = (*row[:10], row[10] + waits, *row[11:])
+            return
+        chunk = self.packed[-1]
+        row = ROW.unpack(chunk[len(chunk) - ROW.size:])
+        self.packed[-1] = chunk[:len(chunk) - ROW.size] + ROW.pack(*row[:10], row[10] + waits, *row[11:])
 
     def count(self) -> int:
         """Requests running or waiting here at the next arrival (its planned steps end before it)."""
@@ -622,9 +638,11 @@ class Cursor:
             self._blocks_after(need, taken)
             self._finish(end)
         n_pre = len(parts) + len(adm)
-        self.rows.append((self.idx, t, total, n_dec + n_pre, n_dec, pre_tokens, n_dec * qv, emitted, k,
-                          self.num_blocks - self.free, self._waiting_at(end), flops, nbytes, target, draft, over,
-                          total if n_dec else 0.0, 1, 0.0))
+        if self.rows:  # (packed at once, after the rows before it: `_spec_steps`)
+            self._pack(True)
+        self.packed.append(ROW.pack(self.idx, t, total, n_dec + n_pre, n_dec, pre_tokens, n_dec * qv, emitted, k,
+                                    self.num_blocks - self.free, self._waiting_at(end), flops, nbytes, target, draft,
+                                    over, total if n_dec else 0.0, 1, 0.0))
         self.p_steps += 1
         self.t = end
         return DONE
@@ -797,7 +815,10 @@ class Cursor:
         batch's step is mostly this fixed cost."""
         price = self.rep.price  # (its methods called on it, not through bound-method locals: native calls, unboxed)
         adaptive = self.spec is not None and self.spec.policy == "adaptive"
-        rows = self.rows
+        # each step's row packed at once (no tuple of boxed floats kept), after the rows before it
+        if self.rows:
+            self._pack(True)
+        packed = self.packed
         k_fixed, qvs = self._k_fixed, self._qv
         pend = self.pending
         max_seqs, idx, num_blocks = self.max_seqs, self.idx, self.num_blocks
@@ -843,12 +864,10 @@ class Cursor:
             if left:
                 self._leave(left, end)
                 act = self.active
-            rows.append((idx, t, total, n, n, 0.0, n * qv, emitted, k, num_blocks - self.free,
-                         self._waiting_at(end) if pend else 0, flops, nbytes, target_s, draft_s, over_s,
-                         total, 1, 0.0))
+            packed.append(ROW.pack(idx, t, total, n, n, 0.0, n * qv, emitted, k, num_blocks - self.free,
+                                   self._waiting_at(end) if pend else 0, flops, nbytes, target_s, draft_s, over_s,
+                                   total, 1, 0.0))
             self.p_steps += 1
-            if len(rows) >= PACK_ROWS:
-                self._pack()
             self.t = t = end
             # `advance`'s choice for the next step: this one again unless the arrival at a is
             # reached, the replica empties, or a request has arrived for a free slot
@@ -1347,8 +1366,7 @@ def loop_piece(rep: ReplicaState) -> tuple[Piece, SendFeed, bool] | None:
             waits = feed.complete(c.t, c.gone[-1][1], ready)
             if waits:  # (no frontend latency: waiting from now)
                 pend.extend([(rid, c.t) for rid in ready])
-                row = c.rows[-1]
-                c.rows[-1] = (*row[:10], row[10] + waits, *row[11:])
+                c.add_waits(waits)
             fly.extend(zip(feed.times[n0:], feed.rids[n0:], strict=True))
             if feed.exhausted:
                 break

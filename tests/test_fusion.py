@@ -246,7 +246,7 @@ def run_counter(monkeypatch):
     def pieces(self, piece, feed=None):  # a piece of the rack's joint plan (least outstanding) or a closed loop's (sim/joint.py)
         waiting = set(self.waiting)
         at_start = sum(rid in waiting for rid, _ in piece.admitted)
-        seen.append({"pieces": len(piece.rows), "inside": sum(c for t, c in piece.gone if t < piece.end_s),
+        seen.append({"pieces": piece.steps, "inside": sum(c for t, c in piece.gone if t < piece.end_s),
                      "at_start": at_start, "during": len(piece.admitted) - at_start})
         return (yield from piece_run(self, piece, feed))
 
