@@ -807,7 +807,6 @@ def run_piece(rep: ReplicaState, piece: Piece, feed: SendFeed | None = None) -> 
     elif piece.done and reqs.on_complete is not None:  # (an autoscaled fleet: a draining replica emptied leaves)
         reqs.on_complete(len(piece.done))
     rep.log.extend_packed(piece.packed)
-    rep.log.extend(piece.rows)
     return piece.steps
 
 

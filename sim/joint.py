@@ -70,13 +70,10 @@ from sim.step import (
     reserve_need,
     whole_fits,
 )
-from sim.tables import ROW, pack_rows
+from sim.tables import ROW
 
 B: Final = BLOCK_SIZE  # (Final: the compiled build reads constants as C values, not module attributes)
 LOOP_STEPS: Final = 1024  # most steps one piece of a closed loop's plan holds (`loop_piece`)
-# a piece's step rows are packed as doubles every PACK_ROWS rows (`Cursor._pack`): a long piece's
-# row tuples and their floats are freed as it goes instead of living until the piece is applied
-PACK_ROWS: Final = 256
 # `PlainCursor.heap`: a decoding entry e finishing at step FIN as one int, FIN << HEAP_SHIFT | e (no
 # tuple to build or compare: ordered by FIN, then e, as the tuple (FIN, e) would be)
 HEAP_SHIFT: Final = 32
@@ -98,8 +95,9 @@ FRESH: Final = (0, 0, 0, 0, 0)
 
 @dataclass
 class Piece:
-    """A replica's planned steps, executed in one timeout and applied at its end: the step rows,
-    admissions (request, step start), first tokens (request, time), completions (request, time,
+    """A replica's planned steps, executed in one timeout and applied at its end: the step rows
+    (`packed`: each row as doubles, `sim.tables.ROW`, in order: a planned step's row is packed as
+    it is planned, so no tuple of boxed floats lives until the piece is applied), admissions (request, step start), first tokens (request, time), completions (request, time,
     draft counters), the completions inside it (`gone`, for `Replica.outstanding`), the
     admissions' step starts (`taken`, for `Replica.queued`), and its entries after it, in slot
     order (request, context, tokens left, prefill target, draft counters). Where it preempted,
@@ -111,7 +109,6 @@ class Piece:
     start_s: float
     end_s: float
     steps: int
-    rows: list[tuple[float, ...]]
     admitted: list[tuple[int, float]]
     first: list[tuple[int, float]]
     done: list[tuple[int, float, int, int, int, int]]
@@ -122,7 +119,7 @@ class Piece:
     preempted: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)
     pre_t: list[float] = field(default_factory=list)
     ops: list[tuple[int, int]] | None = None
-    packed: bytes = b""  # the step rows before `rows`, packed (`sim.tables.pack_rows`)
+    packed: bytes = b""
 
 
 class Cursor:
@@ -208,8 +205,7 @@ class Cursor:
         """Start a new piece at t."""
         self.p_start = self.t
         self.p_steps = 0
-        self.rows: list[tuple[float, ...]] = []  # tuples: untracked by the cyclic GC once seen
-        self.packed: list[bytes] = []  # rows before `rows`, packed every PACK_ROWS (`_pack`)
+        self.packed: list[bytes] = []  # the piece's step rows, in order, each packed as doubles at once (`ROW`)
         self.admitted: list[tuple[int, float]] = []
         self.first: list[tuple[int, float]] = []
         self.done: list[tuple[int, float, int, int, int, int]] = []
@@ -218,28 +214,11 @@ class Cursor:
         self.pre_t: list[float] = []
         self.ops: list[tuple[int, int]] = []
 
-    def _pack(self, every: bool = False) -> None:
-        """The piece's rows packed (`PACK_ROWS`), but the last unless `every` (a closed loop's plan
-        adds its sends' waits to the last row: `add_waits`)."""
-        rows = self.rows
-        if every:
-            self.packed.append(pack_rows(rows))
-            rows.clear()
-        else:
-            self.packed.append(pack_rows(rows[:-1]))
-            del rows[:-1]
-
     def add_waits(self, waits: int) -> None:
         """Requests that joined the queue at the end of the last step planned: its row's waiting
-        count grows by them (the row a tuple, or the last packed one)."""
-        rows = self.rows
-        if rows:
-            row = rows[-1]
-            rows[-1] = (*row[:10], row[10] + waits, *row[11:])
-            return
-        chunk = self.packed[-1]
-        row = ROW.unpack(chunk[len(chunk) - ROW.size:])
-        self.packed[-1] = chunk[:len(chunk) - ROW.size] + ROW.pack(*row[:10], row[10] + waits, *row[11:])
+        count grows by them."""
+        row = ROW.unpack(self.packed[-1])
+        self.packed[-1] = ROW.pack(*row[:10], row[10] + waits, *row[11:])
 
     def count(self) -> int:
         """Requests running or waiting here at the next arrival (its planned steps end before it)."""
@@ -277,7 +256,7 @@ class Cursor:
         state = (rid, c, r, tgt, prop if spec else [], acc if spec else [],
                  [self._verified(e) for e in act] if spec else [], vem if spec else [])
         end = self.t if self.t < math.inf else self.end_s
-        piece = Piece(self.p_start, end, self.p_steps, self.rows, self.admitted, self.first, self.done, self.gone,
+        piece = Piece(self.p_start, end, self.p_steps, self.admitted, self.first, self.done, self.gone,
                       [s for _, s in self.admitted], state, self.free, self.preempted, self.pre_t,
                       self.ops if self.preempted else None, b"".join(self.packed))
         # renumber the entries (copies: the piece keeps its state as of its end, the cursor plans on)
@@ -390,8 +369,6 @@ class Cursor:
         self.q_until = -math.inf
         check = False  # (the caller has found it not quiet at t)
         while self.t < a:
-            if len(self.rows) >= PACK_ROWS:
-                self._pack()
             act, pend = self.active, self.pending
             if pend and pend[0][1] > self.t and not act:  # idle until the first one arrives
                 self.t = pend[0][1]
@@ -638,8 +615,6 @@ class Cursor:
             self._blocks_after(need, taken)
             self._finish(end)
         n_pre = len(parts) + len(adm)
-        if self.rows:  # (packed at once, after the rows before it: `_spec_steps`)
-            self._pack(True)
         self.packed.append(ROW.pack(self.idx, t, total, n_dec + n_pre, n_dec, pre_tokens, n_dec * qv, emitted, k,
                                     self.num_blocks - self.free, self._waiting_at(end), flops, nbytes, target, draft,
                                     over, total if n_dec else 0.0, 1, 0.0))
@@ -815,10 +790,7 @@ class Cursor:
         batch's step is mostly this fixed cost."""
         price = self.rep.price  # (its methods called on it, not through bound-method locals: native calls, unboxed)
         adaptive = self.spec is not None and self.spec.policy == "adaptive"
-        # each step's row packed at once (no tuple of boxed floats kept), after the rows before it
-        if self.rows:
-            self._pack(True)
-        packed = self.packed
+        packed = self.packed  # (each step's row packed at once: no tuple of boxed floats kept)
         k_fixed, qvs = self._k_fixed, self._qv
         pend = self.pending
         max_seqs, idx, num_blocks = self.max_seqs, self.idx, self.num_blocks
@@ -1048,12 +1020,12 @@ class PlainCursor(Cursor):
         # wait at once (a closed loop without frontend latency, `loop_piece`): that step's row apart
         if end >= arrive or (self.split_done and k == m):
             if k > 1:
-                self.rows.append(rep.price.run_row(t, k - 1, d0, slope, n, ctx0, used0 + but_last,
-                                                   self._waiting_at(float(st[k - 1]))))
-            self.rows.append(rep.price.run_row(float(st[k - 1]), 1, d0 + (k - 1) * slope, 0.0, n, ctx0 + (k - 1) * n,
-                                               used, self._waiting_at(end)))
+                self.packed.append(ROW.pack(*rep.price.run_row(t, k - 1, d0, slope, n, ctx0, used0 + but_last,
+                                                   self._waiting_at(float(st[k - 1])))))
+            self.packed.append(ROW.pack(*rep.price.run_row(float(st[k - 1]), 1, d0 + (k - 1) * slope, 0.0, n, ctx0 + (k - 1) * n,
+                                               used, self._waiting_at(end))))
         else:
-            self.rows.append(rep.price.run_row(t, k, d0, slope, n, ctx0, used, self._waiting_at(end)))
+            self.packed.append(ROW.pack(*rep.price.run_row(t, k, d0, slope, n, ctx0, used, self._waiting_at(end))))
         self.p_steps += k
         self.t = end
         return DONE
