@@ -55,6 +55,7 @@ from sim.step import (
     prefill_sums,
     reserve_need,
 )
+from sim.tables import ROW
 
 
 # ------------------------------------------------------------- step fusion
@@ -233,15 +234,17 @@ def absorbing_run(rep: ReplicaState) -> Generator[simpy.Event, Any, int]:
     return steps
 
 
-def end_absorbing(rep: ReplicaState, rows: list[tuple[float, ...]], admitted: list[tuple[int, float, float]],
+def end_absorbing(rep: ReplicaState, rows: list[bytes], admitted: list[tuple[int, float, float]],
                    feed: SendFeed | None, end_s: float) -> None:
     """The end of a run admitting arrivals, its slots rebuilt: a closed loop's sends committed,
-    the rows logged (the last one's waiting count, when left to the queue, read from it)."""
+    the rows logged (each packed as doubles as it was planned, `ROW`; the last one's waiting
+    count, when left to the queue, read from it)."""
     if feed is not None:
         feed.commit(rep, {r for r, _, _ in admitted}, end_s)
-    if rows[-1][10] < 0:  # its waiting count left to the queue (the run ends there)
-        rows[-1] = (*rows[-1][:10], len(rep.waiting), *rows[-1][11:])
-    rep.log.extend(rows)
+    last = ROW.unpack(rows[-1])
+    if last[10] < 0:  # its waiting count left to the queue (the run ends there)
+        rows[-1] = ROW.pack(*last[:10], len(rep.waiting), *last[11:])
+    rep.log.extend_packed(b"".join(rows))
 
 
 def take_admitted(rep: ReplicaState, admitted: list[tuple[int, float, float]], feed: SendFeed | None) -> None:
@@ -326,7 +329,7 @@ def plan_absorbing(rep: ReplicaState) -> tuple[Any, ...] | None:
     free = rep.free_blocks
     S = 0
     steps = 0
-    rows: list[tuple[float, ...]] = []  # its step rows, in order
+    rows: list[bytes] = []  # its step rows, in order, each packed as doubles (`ROW`)
     done: list[float] = []  # completion times, in the order the entries leave ...
     gone: list[int] = []  # ... and those entries
     admitted: list[tuple[int, float, float]] = []
@@ -382,11 +385,12 @@ def plan_absorbing(rep: ReplicaState) -> tuple[Any, ...] | None:
                     if feed is not None and waits:
                         pending[a0:] = [feed.rids[x] for x in pending[a0:]]
                 if k > 1:
-                    rows.append(rep.price.run_row(t_prev, k - 1, d0, slope, n_seg, ctx0, used0 + but_last, 0))
-                rows.append(rep.price.run_row(float(st[k - 1]), 1, d0 + (k - 1) * slope, 0.0, n_seg,
-                                          ctx0 + (k - 1) * n_seg, used, -1 if stop else waits + sends))
+                    rows.append(ROW.pack(*rep.price.run_row(t_prev, k - 1, d0, slope, n_seg, ctx0, used0 + but_last,
+                                                            0)))
+                rows.append(ROW.pack(*rep.price.run_row(float(st[k - 1]), 1, d0 + (k - 1) * slope, 0.0, n_seg,
+                                                        ctx0 + (k - 1) * n_seg, used, -1 if stop else waits + sends)))
             else:
-                rows.append(rep.price.run_row(t_prev, k, d0, slope, n_seg, ctx0, used, sends))
+                rows.append(ROW.pack(*rep.price.run_row(t_prev, k, d0, slope, n_seg, ctx0, used, sends)))
             pieces += 1
             min_steps = 1
             if stop or (n == 0 and not pending) or t >= end_bound or (feed is not None and feed.exhausted):
@@ -445,9 +449,9 @@ def plan_absorbing(rep: ReplicaState) -> tuple[Any, ...] | None:
             n, free, sum_base = leave_planned(heap, S, t, base, hist, alive, done, gone, n, free, sum_base)
             if feed is not None:
                 sends = feed.complete(t, len(gone) - n0_, pending)
-        rows.append((rep.idx, t_start, total_s, n_dec + n_pre, n_dec, pre_tokens, n_dec, n_dec + n_pre, 0,
-                     num_blocks - free, waits + sends, flops, nbytes, target_s, 0.0, over_s,
-                     total_s if n_dec else 0.0, 1, 0.0))
+        rows.append(ROW.pack(rep.idx, t_start, total_s, n_dec + n_pre, n_dec, pre_tokens, n_dec, n_dec + n_pre, 0,
+                             num_blocks - free, waits + sends, flops, nbytes, target_s, 0.0, over_s,
+                             total_s if n_dec else 0.0, 1, 0.0))
         pieces += 1
         min_steps = 1
         if (n == 0 and not pending) or t >= end_bound or (feed is not None and feed.exhausted):
@@ -948,7 +952,7 @@ def plan_spec_steps(rep: ReplicaState, absorb: bool) -> tuple[Any, ...] | None:
     ctx = sum(C)
     idx = rep.idx
     tree = shape is not None and not shape.chain
-    rows: list[tuple[float, ...]] = []
+    rows: list[bytes] = []  # (each packed as doubles as it is planned: `ROW`)
     done: list[tuple[int, float]] = []  # (entry, completion time), in the order they leave
     gone: list[tuple[float, int]] = []  # (time, sequences) completing inside the run
     admitted: list[tuple[int, float, float]] = []
@@ -1057,9 +1061,9 @@ def plan_spec_steps(rep: ReplicaState, absorb: bool) -> tuple[Any, ...] | None:
         # the requests waiting at its end: those that arrived during it (and a closed loop's sends);
         # without `absorb` nothing arrives before the bound (the run's last step's is read at its end)
         w = waits + sends if absorb else waiting_now
-        rows.append((idx, t_start, total, n + n_pre, n, pre_tokens if n_pre else 0.0, n * qv, emitted, k,
-                     num_blocks - free, w, cost[4], cost[5], cost[1], cost[2], cost[3], total if n else 0.0, 1,
-                     0.0))
+        rows.append(ROW.pack(idx, t_start, total, n + n_pre, n, pre_tokens if n_pre else 0.0, n * qv, emitted, k,
+                             num_blocks - free, w, cost[4], cost[5], cost[1], cost[2], cost[3], total if n else 0.0, 1,
+                             0.0))
         steps += 1
         if (not active and not pending) or t >= end_bound or (feed is not None and feed.exhausted):
             break
@@ -1073,8 +1077,10 @@ def plan_spec_steps(rep: ReplicaState, absorb: bool) -> tuple[Any, ...] | None:
     if not rows:
         return None
     draft_counters(active, C, NX, V, PROP, ACC, VER, VEM, KS, PS, fix)  # (those done left with theirs)
-    if not absorb and rows[-1][10] >= 0:  # (the last step's waiting count, read at the run's end)
-        rows[-1] = (*rows[-1][:10], -1, *rows[-1][11:])
+    if not absorb:  # (the last step's waiting count, read at the run's end)
+        tail = ROW.unpack(rows[-1])
+        if tail[10] >= 0:
+            rows[-1] = ROW.pack(*tail[:10], -1, *tail[11:])
     return t, steps, rows, done, admitted, (C, R, RID, TGT, PROP, ACC, VER, VEM, active), free, feed, gone
 
 
