@@ -55,7 +55,7 @@ from sim.step import (
     prefill_sums,
     reserve_need,
 )
-from sim.tables import ROW
+from sim.tables import ROW, row_waiting, with_waiting
 
 
 # ------------------------------------------------------------- step fusion
@@ -241,9 +241,8 @@ def end_absorbing(rep: ReplicaState, rows: list[bytes], admitted: list[tuple[int
     count, when left to the queue, read from it)."""
     if feed is not None:
         feed.commit(rep, {r for r, _, _ in admitted}, end_s)
-    last = ROW.unpack(rows[-1])
-    if last[10] < 0:  # its waiting count left to the queue (the run ends there)
-        rows[-1] = ROW.pack(*last[:10], len(rep.waiting), *last[11:])
+    if row_waiting(rows[-1]) < 0:  # its waiting count left to the queue (the run ends there)
+        rows[-1] = with_waiting(rows[-1], len(rep.waiting))
     rep.log.extend_packed(b"".join(rows))
 
 
@@ -1077,10 +1076,8 @@ def plan_spec_steps(rep: ReplicaState, absorb: bool) -> tuple[Any, ...] | None:
     if not rows:
         return None
     draft_counters(active, C, NX, V, PROP, ACC, VER, VEM, KS, PS, fix)  # (those done left with theirs)
-    if not absorb:  # (the last step's waiting count, read at the run's end)
-        tail = ROW.unpack(rows[-1])
-        if tail[10] >= 0:
-            rows[-1] = ROW.pack(*tail[:10], -1, *tail[11:])
+    if not absorb and row_waiting(rows[-1]) >= 0:  # (the last step's waiting count, read at the run's end)
+        rows[-1] = with_waiting(rows[-1], -1)
     return t, steps, rows, done, admitted, (C, R, RID, TGT, PROP, ACC, VER, VEM, active), free, feed, gone
 
 

@@ -70,7 +70,7 @@ from sim.step import (
     reserve_need,
     whole_fits,
 )
-from sim.tables import ROW
+from sim.tables import ROW, row_waiting, with_waiting
 
 B: Final = BLOCK_SIZE  # (Final: the compiled build reads constants as C values, not module attributes)
 LOOP_STEPS: Final = 1024  # most steps one piece of a closed loop's plan holds (`loop_piece`)
@@ -97,10 +97,11 @@ FRESH: Final = (0, 0, 0, 0, 0)
 class Piece:
     """A replica's planned steps, executed in one timeout and applied at its end: the step rows
     (`packed`: each row as doubles, `sim.tables.ROW`, in order: a planned step's row is packed as
-    it is planned, so no tuple of boxed floats lives until the piece is applied), admissions (request, step start), first tokens (request, time), completions (request, time,
-    draft counters), the completions inside it (`gone`, for `Replica.outstanding`), the
-    admissions' step starts (`taken`, for `Replica.queued`), and its entries after it, in slot
-    order (request, context, tokens left, prefill target, draft counters). Where it preempted,
+    it is planned, so no tuple of boxed floats lives until the piece is applied), admissions
+    (request, step start), first tokens (request, time), completions (request, time, draft
+    counters), the completions inside it (`gone`, for `Replica.outstanding`), the admissions'
+    step starts (`taken`, for `Replica.queued`), and its entries after it, in slot order
+    (request, context, tokens left, prefill target, draft counters). Where it preempted,
     the preemptions in order (request, output so far, drafts proposed, accepted, verifications,
     verification-emitted tokens), their steps' starts (`pre_t`, for `Replica.queued`) and the
     queue operations in order (`ops`: admissions and preemptions, which put a request back at
@@ -217,8 +218,8 @@ class Cursor:
     def add_waits(self, waits: int) -> None:
         """Requests that joined the queue at the end of the last step planned: its row's waiting
         count grows by them."""
-        row = ROW.unpack(self.packed[-1])
-        self.packed[-1] = ROW.pack(*row[:10], row[10] + waits, *row[11:])
+        last = self.packed[-1]
+        self.packed[-1] = with_waiting(last, row_waiting(last) + waits)
 
     def count(self) -> int:
         """Requests running or waiting here at the next arrival (its planned steps end before it)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -17,6 +17,18 @@ STEP_COLUMNS = (
     "count", "gap_step_s",
 )
 ROW = struct.Struct(f"{len(STEP_COLUMNS)}d")  # a step row packed as doubles (`pack_rows`)
+WAITING: Final = STEP_COLUMNS.index("waiting")
+
+
+def row_waiting(row: bytes) -> float:
+    """A packed step row's waiting count."""
+    return float(ROW.unpack(row)[WAITING])
+
+
+def with_waiting(row: bytes, waiting: float) -> bytes:
+    """A packed step row with its waiting count replaced."""
+    r = ROW.unpack(row)
+    return ROW.pack(*r[:WAITING], waiting, *r[WAITING + 1:])
 
 
 def pack_rows(rows: Sequence[Sequence[float]]) -> bytes:

@@ -15,7 +15,7 @@ from models.memory import BLOCK_SIZE
 from sim.joint import HEAP_ENTRY, HEAP_SHIFT, drop_entries
 from sim.state import ReplicaState
 from sim.step import new_blocks_first, prefill_sums
-from sim.tables import STEP_COLUMNS, Requests, StepLog
+from sim.tables import ROW, STEP_COLUMNS, Requests, StepLog, row_waiting, with_waiting
 
 
 def test_new_blocks_first_is_the_reversed_histogram_summed() -> None:
@@ -91,3 +91,16 @@ def test_step_log_refuses_a_row_of_the_wrong_length() -> None:
     log.extend([tuple(range(len(STEP_COLUMNS) + 1))])
     with pytest.raises(struct.error):
         log.table()
+
+
+def test_a_packed_rows_waiting_count_is_replaced_alone() -> None:
+    """`with_waiting` changes a packed step row's waiting column and nothing else (the planners
+    add a closed loop's sends to the last row, or read the queue at a run's end, through it)."""
+    rng = np.random.default_rng(3)
+    w = STEP_COLUMNS.index("waiting")
+    for _ in range(20):
+        row = rng.uniform(-1e6, 1e6, len(STEP_COLUMNS)).tolist()
+        packed = ROW.pack(*row)
+        assert row_waiting(packed) == row[w]
+        got = ROW.unpack(with_waiting(packed, 7))
+        assert got[w] == 7.0 and got[:w] == tuple(row[:w]) and got[w + 1:] == tuple(row[w + 1:])
