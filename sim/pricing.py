@@ -48,6 +48,43 @@ class StepParts:
         self.expand = -1.0
 
 
+@final
+class PassTerms:
+    """One pass's `CostModel.pass_parts` and the model's constants `CostModel.pass_sums` reads, as a
+    native class (C doubles read in place): `sums` is `pass_sums` with its operations in its order."""
+
+    def __init__(self, cost: CostModel, parts: tuple[float, float, float, float, float, float, float]) -> None:
+        self.lin, self.kv_w, self.w, self.act, self.comm_s, self.over_s, self.lin_f = parts
+        self.apf = cost.attn_flops_per_pair
+        self.peak = cost._peak_attn
+        self.kvb = cost.kv_bytes_per_token_gpu
+        self.bw = cost.bw
+
+    def sums(self, context_tokens: float, attn_pairs: float) -> tuple[float, float, float]:
+        """(total_s, flops, bytes) of the pass: `CostModel.pass_sums`, bit for bit."""
+        attn_f = self.apf * attn_pairs
+        attn_c = attn_f / self.peak
+        kv_r = self.kvb * context_tokens
+        kv_w = self.kv_w
+        attn_m = (kv_r + kv_w) / self.bw
+        total = self.lin + (attn_c if attn_c > attn_m else attn_m) + self.comm_s + self.over_s
+        return total, self.lin_f + attn_f, self.w + kv_r + kv_w + self.act
+
+
+@final
+class ShapeParts:
+    """`StepPricer.shape_step`'s cached terms for one (batch, k, speculating): q and the tile's
+    pairs per context-free sequence (`tri`), the verification pass, one draft pass per depth with
+    the tokens it runs on (`parents`), the plain decode pass the machinery's overhead is a
+    fraction of (None when not speculating), that fraction and the host seconds."""
+
+    def __init__(self, q: int, tri: float, tp: int, target: PassTerms, d_tp: int, depths: list[PassTerms],
+                 parents: list[float], plain: PassTerms | None, frac: float, host: float) -> None:
+        self.q, self.tri, self.tp, self.target = q, tri, tp, target
+        self.d_tp, self.depths, self.parents = d_tp, depths, parents
+        self.plain, self.frac, self.host = plain, frac, host
+
+
 def expanded(n_dec: Any, ctx: Any, q: Any) -> tuple[Any, Any]:
     """Batch expansion (vLLM 0.6, vllm/spec_decode/batch_expansion.py): n decoding sequences
     scored as n q one-token sequences, the j-th of each reading its context + j tokens: (sequences,
@@ -89,6 +126,7 @@ class StepPricer:
         self.decay_pows = [spec.decay ** i for i in range(spec.k)] if spec is not None else []
         self._step_parts: dict[int, StepParts] = {}  # `spec_step`'s cached terms, by `spec_step`'s key
         self._shaped = spec is not None and spec.shape is not None  # (`spec_step`: priced by `shape_step`)
+        self._shape_parts: dict[int, ShapeParts | None] = {}  # `shape_step`'s cached terms (None: not cached)
         self._parents_k: dict[int, list[float]] = {}  # `parents`
 
     def verify_plan(self, computed: np.ndarray, k: int, matched: np.ndarray | None) -> VerifyPlan:
@@ -283,7 +321,70 @@ class StepPricer:
         """`spec_step` for a depth profile or a token tree (k > 0): `spec_cost` of the decode-only
         step with the verification plan `verify_plan` makes (every sequence verifying its q =
         `verify_tokens(k)` tokens, a tree's attention tile q x q) and the draft passes of
-        `draft_sums`, each pass priced by `CostModel.pass_sums` (bit-identical to `step_sums`)."""
+        `draft_sums`, each pass priced by `CostModel.pass_sums` (bit-identical to `step_sums`), from
+        the terms cached per batch and k (`shape_parts`; `pass_sums` itself where they are not)."""
+        key = (n_dec * 1024 + k) * 2 + self.speculating  # (as `spec_step`'s)
+        if key in self._shape_parts:
+            sp = self._shape_parts[key]
+        else:
+            sp = self._shape_parts[key] = self.shape_parts(n_dec, k)
+        if sp is None:
+            return self._shape_step(n_dec, ctx, k)
+        nd = float(n_dec)
+        q = sp.q
+        total, fl, by = sp.target.sums(ctx + 0.0, (ctx * q + nd * sp.tri) + 0.0)
+        flops, nbytes = fl * sp.tp, by * sp.tp
+        draft_s = 0.0
+        if sp.depths:
+            t = f = b = 0.0
+            d_tp = sp.d_tp
+            parents = sp.parents
+            depths = sp.depths
+            for i in range(len(depths)):
+                p = parents[i]
+                c_i = ctx + nd * i
+                d_t, d_f, d_b = depths[i].sums(c_i, p * (c_i + nd))
+                t += d_t
+                f += d_f * d_tp
+                b += d_b * d_tp
+            draft_s += t
+            flops += f
+            nbytes += b
+        over = 0.0
+        plain = sp.plain
+        if plain is not None:
+            over = plain.sums(ctx, ctx + n_dec)[0] * sp.frac + sp.host
+        return total + draft_s + over, total, draft_s, over, flops, nbytes
+
+    def shape_parts(self, n_dec: int, k: int) -> ShapeParts | None:
+        """`shape_step`'s terms that depend on the batch and k only, or None where `pass_sums`
+        would not take them from its cache (no sequence, a sliding window, batch expansion, a
+        depth without tokens)."""
+        rt = self.rt
+        spec = rt.spec
+        cost = rt.cost
+        assert spec is not None and spec.shape is not None and isinstance(cost, CostModel)
+        dc = spec.draft_cost
+        parents = self.parents(k) if dc is not None else []
+        if (n_dec <= 0 or spec.batch_expansion or cost.window or (isinstance(dc, CostModel) and dc.window)
+                or any(p <= 0.0 for p in parents)):
+            return None
+        q = spec.verify_tokens(k)
+        tri = float(q * q) if not spec.shape.chain else q * (q + 1) / 2.0  # (the same value as `_shape_step`'s)
+        nd = float(n_dec)
+        target = PassTerms(cost, cost.pass_parts(n_dec, nd * q + 0.0))
+        depths: list[PassTerms] = []
+        d_tp = 0
+        if dc is not None:
+            assert isinstance(dc, CostModel)
+            d_tp = dc.tp
+            depths = [PassTerms(dc, dc.pass_parts(round(nd), nd * p, False)) for p in parents]
+        plain = PassTerms(cost, cost.pass_parts(n_dec, n_dec)) if self.speculating else None
+        return ShapeParts(q, tri, cost.tp, target, d_tp, depths, parents, plain,
+                          self.overhead_frac(n_dec) if self.speculating else 0.0, self.host_s(n_dec, k))
+
+    def _shape_step(self, n_dec: int, ctx: float, k: int) -> tuple[float, float, float, float, float, float]:
+        """`shape_step` from `CostModel.pass_sums` pass by pass (where its terms are not cached)."""
         rt = self.rt
         spec = rt.spec
         cost = rt.cost

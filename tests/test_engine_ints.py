@@ -104,3 +104,32 @@ def test_a_packed_rows_waiting_count_is_replaced_alone() -> None:
         assert row_waiting(packed) == row[w]
         got = ROW.unpack(with_waiting(packed, 7))
         assert got[w] == 7.0 and got[:w] == tuple(row[:w]) and got[w + 1:] == tuple(row[w + 1:])
+
+
+@pytest.mark.parametrize("spec", [
+    {"method": "tree", "tree_drafter": "eagle3", "num_speculative_tokens": 4, "tree_branching": [2, 2, 1, 1]},
+    {"method": "tree", "num_speculative_tokens": 3, "tree_branching": [3, 1, 1]},
+    {"method": "draft_model", "draft_model": "llama-3.2-1b", "num_speculative_tokens": 4,
+     "acceptance_profile": [1.0, 0.9, 0.7, 0.5]},  # (a depth profile: a chain priced by `shape_step`)
+])
+def test_a_shaped_steps_cached_terms_price_it_as_pass_by_pass(spec: dict[str, object]) -> None:
+    """`StepPricer.shape_step` from its terms cached per batch and k (`ShapeParts`) gives the
+    figures of pricing each pass with `CostModel.pass_sums` (`_shape_step`) bit for bit, with
+    speculation on and off, at any context."""
+    from sim.deployment import build_runtime
+    from sim.pricing import StepPricer
+    from sim.scenario import scenario_from_dict
+
+    rt = build_runtime(scenario_from_dict({
+        "rack": {"gpu": "h100-sxm", "num_gpus": 4}, "deployment": {"model": "llama-3.1-70b", "tensor_parallel": 4},
+        "workload": {"rate_rps": 1.0, "duration_s": 60.0, "warmup_s": 0.0}, "speculative": spec}))
+    assert rt.spec is not None and rt.spec.shape is not None
+    rng = np.random.default_rng(4)
+    for speculating in (True, False):
+        price = StepPricer(rt, 0)
+        price.speculating = speculating
+        for _ in range(200):
+            n, k = int(rng.integers(1, 257)), int(rng.integers(1, rt.spec.k + 1))
+            ctx = float(rng.integers(n, 4000 * n))
+            assert price.shape_step(n, ctx, k) == price._shape_step(n, ctx, k)
+            assert price.shape_step(n, ctx, k) == price._shape_step(n, ctx, k)  # (the second from the cache)
