@@ -126,7 +126,8 @@ class StepPricer:
         self.decay_pows = [spec.decay ** i for i in range(spec.k)] if spec is not None else []
         self._step_parts: dict[int, StepParts] = {}  # `spec_step`'s cached terms, by `spec_step`'s key
         self._shaped = spec is not None and spec.shape is not None  # (`spec_step`: priced by `shape_step`)
-        self._shape_parts: dict[int, ShapeParts | None] = {}  # `shape_step`'s cached terms (None: not cached)
+        self._shape_parts: dict[int, ShapeParts] = {}  # `shape_step`'s cached terms, by `spec_step`'s key
+        self._shape_general: set[int] = set()  # ... and the keys priced pass by pass (`shape_parts` None)
         self._parents_k: dict[int, list[float]] = {}  # `parents`
 
     def verify_plan(self, computed: np.ndarray, k: int, matched: np.ndarray | None) -> VerifyPlan:
@@ -324,12 +325,15 @@ class StepPricer:
         `draft_sums`, each pass priced by `CostModel.pass_sums` (bit-identical to `step_sums`), from
         the terms cached per batch and k (`shape_parts`; `pass_sums` itself where they are not)."""
         key = (n_dec * 1024 + k) * 2 + self.speculating  # (as `spec_step`'s)
-        if key in self._shape_parts:
-            sp = self._shape_parts[key]
-        else:
-            sp = self._shape_parts[key] = self.shape_parts(n_dec, k)
+        sp = self._shape_parts.get(key)  # (one lookup on the hot path; a miss is rare or uncached)
         if sp is None:
-            return self._shape_step(n_dec, ctx, k)
+            if key in self._shape_general:
+                return self._shape_step(n_dec, ctx, k)
+            sp = self.shape_parts(n_dec, k)
+            if sp is None:
+                self._shape_general.add(key)
+                return self._shape_step(n_dec, ctx, k)
+            self._shape_parts[key] = sp
         nd = float(n_dec)
         q = sp.q
         total, fl, by = sp.target.sums(ctx + 0.0, (ctx * q + nd * sp.tri) + 0.0)

@@ -68,15 +68,9 @@ class StepLog:
         if len(self._pending) >= self.PENDING_ROWS:
             self._flush()
 
-    def extend(self, rows: Sequence[Sequence[float]]) -> None:
-        """Rows in order, at once (a fused run admitting arrivals)."""
-        self._pending.extend(rows)
-        self.n += len(rows)
-        if len(self._pending) >= self.PENDING_ROWS:
-            self._flush()
-
     def extend_packed(self, buf: bytes) -> None:
-        """Rows packed by `pack_rows`, in order (after the rows logged before)."""
+        """Rows packed as doubles (`ROW`, `pack_rows`: a planned piece's or fused run's), in order
+        (after the rows logged before)."""
         if not buf:
             return
         self._flush()

@@ -88,7 +88,7 @@ def test_request_views_follow_the_columns_and_refuse_other_types() -> None:
 
 def test_step_log_refuses_a_row_of_the_wrong_length() -> None:
     log = StepLog(8)
-    log.extend([tuple(range(len(STEP_COLUMNS) + 1))])
+    log.append(tuple(range(len(STEP_COLUMNS) + 1)))
     with pytest.raises(struct.error):
         log.table()
 
