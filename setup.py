@@ -27,6 +27,7 @@ COMPILED: tuple[str, ...] = _NATIVE["COMPILED"]
 SHARED: str = _NATIVE["SHARED"]
 RECORD: Path = _NATIVE["BUILD_RECORD"]
 source_of, digest, extension, compiled_ok = (_NATIVE[k] for k in ("source_of", "digest", "_extension", "compiled_ok"))
+PACKAGES = ("models", "sim", "experiments", "specrack")
 BUILDS = ("build_ext", "editable_wheel", "bdist_wheel", "build", "develop", "install")
 
 
@@ -60,4 +61,17 @@ def ext_modules() -> list[Any]:
     return exts
 
 
+def byte_compile() -> None:
+    """Byte-compile the sources of an editable install, as pip does for a regular one: a process
+    that may not write bytecode (PYTHONDONTWRITEBYTECODE) would otherwise compile every module
+    it imports, every time (about 0.08 s of `specrack run` on 2 cores). An edited source is
+    compiled again on import, as always."""
+    import compileall
+
+    for pkg in PACKAGES:
+        compileall.compile_dir(str(ROOT / pkg), quiet=1)
+
+
 setup(ext_modules=ext_modules())
+if "editable_wheel" in sys.argv or "develop" in sys.argv:
+    byte_compile()

@@ -81,9 +81,9 @@ def bench_point(n_requests: int, utilisation: float = 0.7, store: CapacityStore 
     res = simulate(sc, capacity=cap)
     wall = time.perf_counter() - t
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    steps = int(res.steps["count"].sum())  # engine steps (a fused run is one row of `count` steps)
+    steps = int(res.step_table["count"].sum())  # engine steps (a fused run is one row of `count` steps)
     return {"requests": n_requests, "steps": steps, "wall_s": wall, "steps_per_s": steps / wall,
-            "sim_output_tok_per_wall_s": float(res.steps.emitted_tokens.sum()) / wall,
+            "sim_output_tok_per_wall_s": float(res.step_table["emitted_tokens"].sum()) / wall,
             "wall_us_per_request": wall / n_requests * 1e6, "peak_rss_mib": peak / 2**20}
 
 
@@ -120,10 +120,11 @@ def _timed(args: tuple[int, int, bool, bool]) -> dict[str, Any]:
     res = simulate(sc)
     cpu = time.process_time() - cpu
     wall = time.perf_counter() - t
-    steps = int(res.steps["count"].sum())
-    n = max(1, len(res.requests))
-    return {"wall_s": wall, "cpu_s": cpu, "steps": steps, "step_rows": len(res.steps), "steps_per_s": steps / wall,
-            "cpu_us_per_request": cpu / n * 1e6, "steps_per_request": steps / n, "step_rows_per_request": len(res.steps) / n,
+    steps = int(res.step_table["count"].sum())
+    n = max(1, len(res.request_table))
+    rows = len(res.step_table)
+    return {"wall_s": wall, "cpu_s": cpu, "steps": steps, "step_rows": rows, "steps_per_s": steps / wall,
+            "cpu_us_per_request": cpu / n * 1e6, "steps_per_request": steps / n, "step_rows_per_request": rows / n,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "throughput_tok_s": res.summary["throughput_tok_s"], "e2e_mean_s": res.summary["e2e_s"]["mean"],
             "itl_p99_s": res.summary["itl_s"]["p99"]}

@@ -376,7 +376,7 @@ def simulated_result(sc: Any, point: LoadPoint, seed: int = 1, noise: float = 0.
     ITL figures a fit sees are the simulated ones."""
     req, steps = simulate_tables(sc, point, seed)
     rng = np.random.default_rng(noise_seed)
-    req = req.sort_values("id")
+    req = req.to_pandas().sort_values("id")
     done = req.completion_s.notna().to_numpy()
     n = len(req)
     ttft = (req.first_token_s - req.arrival_s).to_numpy(np.float64)

@@ -33,6 +33,7 @@ import pandas as pd
 from models.engines import SOFTWARE_FIELDS, get_profile
 from models.errors import ConfigError
 from sim.deployment import build_runtime
+from sim.frame import Frame
 from sim.metrics import bench_metrics
 from sim.run import run_table
 from sim.scenario import LogNormal, Scenario, scenario_from_dict
@@ -103,7 +104,7 @@ def simulate_point(sc: Scenario, point: LoadPoint, seed: int = 1) -> dict[str, f
     return bench_metrics(*simulate_tables(sc, point, seed))
 
 
-def simulate_tables(sc: Scenario, point: LoadPoint, seed: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
+def simulate_tables(sc: Scenario, point: LoadPoint, seed: int = 1) -> tuple[Frame, Frame]:
     """The request and step tables of the benchmark `point` simulated (as simulate_point)."""
     rt = build_runtime(sc)
     table = _table(point, seed)

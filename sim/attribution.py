@@ -26,10 +26,14 @@ and each cause is the pair of terms it owns:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+
+from sim.frame import column
+
+if TYPE_CHECKING:
+    from sim.frame import Table
 
 PARTS = ("queue", "target", "draft", "host", "stall")
 CAUSES = ("verify", "draft", "host", "kv", "queue")
@@ -45,23 +49,23 @@ def _fsum(x: np.ndarray) -> float:
     return math.fsum(x[x != 0.0])
 
 
-def step_shares(steps: pd.DataFrame, t0: float = -math.inf, t1: float = math.inf) -> dict[str, float]:
+def step_shares(steps: Table, t0: float = -math.inf, t1: float = math.inf) -> dict[str, float]:
     """Shares of the time decoding sequences spent in steps starting in [t0, t1), by what the
     steps did (target, draft, host, stall), each step weighted by its decoding sequences (a
     run-length row counts its every step: its columns hold the run's totals)."""
-    start = steps.start_s.to_numpy(np.float64)
-    seqs = steps.decode_seqs.to_numpy()
+    start = column(steps, "start_s", np.float64)
+    seqs = column(steps, "decode_seqs")
     keep = (start >= t0) & (start < t1) & (seqs > 0)
 
     def col(name: str) -> np.ndarray:  # (only the columns used, only the rows kept: no copy of the table)
-        return steps[name].to_numpy(np.float64)[keep]
+        return column(steps, name, np.float64)[keep]
 
     n = seqs[keep].astype(np.float64)
     dur = col("duration_s")
     target = col("target_s")
     draft = col("draft_s")
     host = col("spec_overhead_s")
-    single = steps["count"].to_numpy()[keep] == 1
+    single = column(steps, "count")[keep] == 1
     stall = np.where(single, np.maximum(col("chunk_gap_s") - dur, 0.0), 0.0)
     # what the step's time holds beyond its priced parts (none today; kept so shares sum to 1)
     rest = np.maximum(dur - target - draft - host, 0.0)
@@ -74,7 +78,7 @@ def step_shares(steps: pd.DataFrame, t0: float = -math.inf, t1: float = math.inf
     return {k: v / total for k, v in w.items()}
 
 
-def latency_parts(requests: pd.DataFrame, steps: pd.DataFrame, metric: str = "tpot", t0: float = -math.inf,
+def latency_parts(requests: Table, steps: Table, metric: str = "tpot", t0: float = -math.inf,
                   t1: float = math.inf, shares: dict[str, float] | None = None) -> dict[str, float]:
     """The mean `metric` ("tpot": time per output token; "e2e": end-to-end latency) of the
     requests that arrived in [t0, t1) and completed, split into PARTS (seconds; they sum to the
@@ -82,15 +86,15 @@ def latency_parts(requests: pd.DataFrame, steps: pd.DataFrame, metric: str = "tp
     already computed (a run's summary splits both metrics over the same steps)."""
     if metric not in METRICS:
         raise ValueError(f"latency_parts: metric must be one of {METRICS}, got {metric!r}")
-    arrival = requests.arrival_s.to_numpy(np.float64)
-    completion = requests.completion_s.to_numpy(np.float64)
+    arrival = column(requests, "arrival_s", np.float64)
+    completion = column(requests, "completion_s", np.float64)
     keep = (arrival >= t0) & (arrival < t1) & ~np.isnan(completion)
-    out_tok = requests.output_tokens.to_numpy()
+    out_tok = column(requests, "output_tokens")
     if metric == "tpot":
         keep &= out_tok > 1
     if not keep.any():
         return dict.fromkeys(PARTS, math.nan)
-    first = requests.first_token_s.to_numpy(np.float64)[keep]
+    first = column(requests, "first_token_s", np.float64)[keep]
     ttft = first - arrival[keep]
     decode = completion[keep] - first
     if metric == "tpot":

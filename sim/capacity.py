@@ -46,12 +46,12 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from models.memory import BLOCK_SIZE
 from sim.deployment import ReplicaRuntime, build_runtime, check_fits, gpus_per_replica, prefill_pool
 from sim.deployment import fits as request_fits
+from sim.frame import Frame, column
 from sim.run import run_table
 from sim.scenario import Scenario
 from sim.workload import LengthSampler, generate
@@ -146,24 +146,24 @@ def closed_loop_throughput(sc: Scenario, concurrency: int, seed: int, completion
     table, clipped = _lengths(sc, seed, n, rt)
     out = run_table(sc, rt, table, seed, concurrency=concurrency, backlog_limit=10**12)
     req, steps = out.requests, out.steps
-    done = np.sort(req.completion_s.to_numpy(np.float64))
+    done = np.sort(column(req, "completion_s", np.float64))
     k0 = min(n - 2, max(2 * concurrency, n // 5))
     t_a = float(done[k0])
-    t_b = float(np.nanmax(req.arrival_s.to_numpy(np.float64)))
+    t_b = float(np.nanmax(column(req, "arrival_s", np.float64)))
     if not t_b > t_a:
         raise ValueError(f"closed loop of {concurrency} clients too short to measure ({n} requests)")
-    st = steps[(steps.start_s >= t_a) & (steps.start_s < t_b)]
-    tok_s = float(st.emitted_tokens.sum()) / (t_b - t_a)
+    st = steps.rows((steps["start_s"] >= t_a) & (steps["start_s"] < t_b))
+    tok_s = float(st["emitted_tokens"].sum()) / (t_b - t_a)
     # requests/s from the token rate and the length distribution's own mean (renewal reward): far
     # less noisy than counting completions, whose count swings with the long outputs in the window
-    mean_out = (float(table.output_tokens.mean()) if trace or clipped
+    mean_out = (float(table["output_tokens"].mean()) if trace or clipped
                 else LengthSampler(sc.workload.output_tokens, "output_tokens").mean())
-    dur = st.duration_s.to_numpy()
-    batch = float((st.batch_size.to_numpy() * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0
+    dur = column(st, "duration_s")
+    batch = float((column(st, "batch_size") * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0
     return tok_s / mean_out, tok_s, batch
 
 
-def _lengths(sc: Scenario, seed: int, n: int, rt: ReplicaRuntime) -> tuple[pd.DataFrame, bool]:
+def _lengths(sc: Scenario, seed: int, n: int, rt: ReplicaRuntime) -> tuple[Frame, bool]:
     """n requests of the scenario's length mix (a trace's own lengths: arrival 'trace', or 'closed'
     with a trace; a short trace or window resampled with replacement), arrivals irrelevant, and
     whether requests the deployment rejects (longer than max_model_len) were left out: those
@@ -172,14 +172,16 @@ def _lengths(sc: Scenario, seed: int, n: int, rt: ReplicaRuntime) -> tuple[pd.Da
     wl = sc.workload.model_copy(update={"num_requests": n, "utilisation": None, "rate_rps": 1.0, "rate_profile": None,
                                         "arrival": "trace" if trace else "poisson"})
     table = generate(wl, seed, None if trace else 1.0)
-    check_fits(sc, rt, table.prompt_tokens.to_numpy(), table.output_tokens.to_numpy())  # none fits: an error
-    ok = request_fits(rt, table.prompt_tokens.to_numpy(), table.output_tokens.to_numpy())
+    check_fits(sc, rt, column(table, "prompt_tokens"), column(table, "output_tokens"))  # none fits: an error
+    ok = request_fits(rt, column(table, "prompt_tokens"), column(table, "output_tokens"))
     clipped = not bool(ok.all())
     if clipped:
-        table = table[ok].reset_index(drop=True).assign(id=lambda t: np.arange(len(t), dtype=np.int64))
+        table = table.rows(ok)
+        table["id"] = np.arange(len(table), dtype=np.int64)
     if len(table) < n:
         pick = np.random.default_rng(seed).integers(0, len(table), n)
-        table = table.iloc[pick].reset_index(drop=True).assign(id=np.arange(n, dtype=np.int64))
+        table = table.rows(pick)
+        table["id"] = np.arange(n, dtype=np.int64)
     return table, clipped
 
 
@@ -187,7 +189,7 @@ def kv_sequences(sc: Scenario, rt: ReplicaRuntime, seed: int) -> int:
     """Sequences of the mix's mean final length (prompt + output) one replica's paged KV holds."""
     if sc.workload.replays_trace:
         t, _ = _lengths(sc, seed, 2000, rt)
-        mean_len = float(t.prompt_tokens.mean() + t.output_tokens.mean())
+        mean_len = float(t["prompt_tokens"].mean() + t["output_tokens"].mean())
     else:
         mean_len = (LengthSampler(sc.workload.prompt_tokens, "prompt_tokens").mean()
                     + LengthSampler(sc.workload.output_tokens, "output_tokens").mean())
@@ -316,7 +318,7 @@ def _versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             return "?"
 
-    return {"python": platform.python_version(), "numpy": np.__version__, "pandas": pd.__version__,
+    return {"python": platform.python_version(), "numpy": np.__version__, "pandas": version("pandas"),
             "simpy": simpy.__version__, "scipy": version("scipy")}
 
 

@@ -33,17 +33,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import pandas as pd
 
 from models.catalog import get_gpu, get_link, get_weight_format, peak_flops
 from models.cost import CostModel
 from sim.deployment import ReplicaRuntime, build_runtime, draft_has_kv, prefill_pool, rejection_reason
 from sim.deployment import fits as request_fits
+from sim.frame import Frame, as_pandas, column
 from sim.run import RunOutput, run_table
 from sim.scenario import Scenario
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from sim.frame import Table
 
 
 @dataclass(frozen=True)
@@ -131,28 +136,31 @@ def link_schedule(done_s: np.ndarray, replica: np.ndarray, port_bytes: np.ndarra
     return start, arrive
 
 
-def run_disaggregated(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, *,
+def run_disaggregated(sc: Scenario, rt: ReplicaRuntime, table: Table, seed: int, *,
                       backlog_limit: int | None = None, progress: bool = False) -> tuple[RunOutput, Pools]:
     """The prefill pool, the transfers and the decode pool over one request table: one `RunOutput`
     of the whole rack (prefill replicas 0..P-1, decode replicas P..P+D-1 in the step table; each
     request's latencies from its arrival to the decode replica's tokens), and the pools."""
+    import pandas as pd  # (heavy: only a disaggregated run needs it)
+
+    table = as_pandas(table)
     p = pools(sc, rt)
-    prompt = table.prompt_tokens.to_numpy(np.int64)
-    output = table.output_tokens.to_numpy(np.int64)
+    prompt = column(table, "prompt_tokens", np.int64)
+    output = column(table, "output_tokens", np.int64)
     # a request the decode replicas cannot hold is rejected before its prefill (as a router would)
     ok_d = request_fits(rt, prompt, output)
     pre_table = table[ok_d].reset_index(drop=True).assign(output_tokens=1)
     out_p = run_table(p.prefill_sc, p.prefill, pre_table, seed, backlog_limit=backlog_limit, progress=progress)
-    rp = out_p.requests
-    done = rp.completion_s.to_numpy(np.float64)
-    n_prompt = rp.prompt_tokens.to_numpy(np.int64)
+    rp = out_p.requests.to_pandas()
+    done = column(rp, "completion_s", np.float64)
+    n_prompt = column(rp, "prompt_tokens", np.int64)
     kv_tokens = n_prompt - 1  # the decode replica computes the last prompt token itself
     port = transfer_bytes_per_gpu(p, kv_tokens)
-    start, arrive = link_schedule(done, rp.replica.to_numpy(np.int64), port, p.link_bytes_s, p.link_latency_s)
+    start, arrive = link_schedule(done, column(rp, "replica", np.int64), port, p.link_bytes_s, p.link_latency_s)
     reached = ~np.isnan(arrive)
     out_of = table.set_index("id")
     dec = rp.loc[reached, ["id", "cls"]].copy()
-    ids = dec.id.to_numpy()
+    ids = column(dec, "id")
     dec["arrival_s"] = arrive[reached]
     dec["prompt_tokens"] = n_prompt[reached]
     dec["output_tokens"] = out_of.output_tokens.reindex(ids).to_numpy(np.int64)
@@ -166,19 +174,20 @@ def run_disaggregated(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, see
     dec = dec.sort_values("arrival_s", kind="stable").reset_index(drop=True)
     if len(dec):
         out_d = run_table(sc, rt, dec, seed, backlog_limit=backlog_limit)
-        rd = out_d.requests.set_index("id")
+        rd = out_d.requests.to_pandas().set_index("id")
     else:
         out_d = None
         rd = pd.DataFrame()
     req = _merge(rp, rd, out_of, p, done, start, arrive, transfer_bytes(p, kv_tokens))
-    steps_p = out_p.steps.assign(emitted_tokens=0.0)  # the prefill's sampled token is discarded
+    steps_p = out_p.steps.to_pandas().assign(emitted_tokens=0.0)  # the prefill's sampled token is discarded
     steps = steps_p
     if out_d is not None:
-        steps_d = out_d.steps.assign(replica=out_d.steps.replica + p.prefill.num_replicas)
+        steps_d = out_d.steps.to_pandas()
+        steps_d = steps_d.assign(replica=steps_d.replica + p.prefill.num_replicas)
         steps = pd.concat([steps_p, steps_d], ignore_index=True).sort_values("start_s", kind="stable")
         steps = steps.reset_index(drop=True)
     n_rej_d = int((~ok_d).sum())
-    rej_arr = [table.arrival_s.to_numpy(np.float64)[~ok_d]]
+    rej_arr = [column(table, "arrival_s", np.float64)[~ok_d]]
     if out_p.rejected_arrival_s is not None:
         rej_arr.append(out_p.rejected_arrival_s)
     lines: tuple[int, ...] = out_p.rejected_lines
@@ -188,7 +197,7 @@ def run_disaggregated(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, see
                                    (out_p.rejected_reason + " (the prefill replicas)") if out_p.rejected else "") if r)
     truncated = out_p.truncated or (out_d is not None and out_d.truncated)
     horizon = max(out_p.horizon_s, out_d.horizon_s if out_d is not None else 0.0)
-    out = RunOutput(req, steps, truncated, horizon, rejected=n_rej_d + out_p.rejected,
+    out = RunOutput(Frame.from_pandas(req), Frame.from_pandas(steps), truncated, horizon, rejected=n_rej_d + out_p.rejected,
                     rejected_arrival_s=np.concatenate(rej_arr), rejected_reason=reason, rejected_lines=lines)
     return out, p
 
@@ -197,24 +206,24 @@ def _merge(rp: pd.DataFrame, rd: pd.DataFrame, orig: pd.DataFrame, p: Pools, don
            arrive: np.ndarray, nbytes: np.ndarray) -> pd.DataFrame:
     """One row per request the prefill pool took: its arrival and prefill from the prefill pool, its
     transfer, and its tokens from the decode pool (NaN where it never got there)."""
-    ids = rp.id.to_numpy()
+    ids = column(rp, "id")
     req = rp.copy()
     req["output_tokens"] = orig.output_tokens.reindex(ids).to_numpy(np.int64)
-    req["prefill_replica"] = rp.replica.to_numpy(np.int64)
+    req["prefill_replica"] = column(rp, "replica", np.int64)
     req["prefill_done_s"] = done
     req["kv_transfer_start_s"] = start
     req["kv_ready_s"] = arrive
     req["kv_transfer_bytes"] = nbytes
     dec_cols = ("first_token_s", "completion_s", "generated_tokens", "acceptance", "draft_proposed", "draft_accepted",
                 "verify_steps", "verify_emitted")
-    pre_preempt = rp.preemptions.to_numpy(np.int64)
+    pre_preempt = column(rp, "preemptions", np.int64)
     if len(rd):
         d = rd.reindex(ids)
         for col in dec_cols:
-            req[col] = d[col].to_numpy()
-        req["replica"] = (d.replica.to_numpy(np.float64) + p.prefill.num_replicas)
-        req["decode_scheduled_s"] = d.scheduled_s.to_numpy(np.float64)
-        req["preemptions"] = pre_preempt + np.nan_to_num(d.preemptions.to_numpy(np.float64)).astype(np.int64)
+            req[col] = column(d, col)
+        req["replica"] = (column(d, "replica", np.float64) + p.prefill.num_replicas)
+        req["decode_scheduled_s"] = column(d, "scheduled_s", np.float64)
+        req["preemptions"] = pre_preempt + np.nan_to_num(column(d, "preemptions", np.float64)).astype(np.int64)
     else:
         for col in dec_cols:
             req[col] = np.nan
@@ -222,8 +231,8 @@ def _merge(rp: pd.DataFrame, rd: pd.DataFrame, orig: pd.DataFrame, p: Pools, don
         req["decode_scheduled_s"] = np.nan
     reached = ~np.isnan(arrive)
     for col in ("generated_tokens", "draft_proposed", "draft_accepted", "verify_steps", "verify_emitted"):
-        req[col] = np.where(reached, np.nan_to_num(req[col].to_numpy(np.float64)), 0).astype(np.int64)
-    req["replica"] = np.where(np.isnan(req.replica.to_numpy(np.float64)), -1, req.replica.to_numpy(np.float64)).astype(np.int64)
+        req[col] = np.where(reached, np.nan_to_num(column(req, col, np.float64)), 0).astype(np.int64)
+    req["replica"] = np.where(np.isnan(column(req, "replica", np.float64)), -1, column(req, "replica", np.float64)).astype(np.int64)
     return req
 
 
@@ -272,11 +281,12 @@ def rack_figures(sc: Scenario, rt: ReplicaRuntime, p: Pools | None) -> RackFigur
         usd_per_gpu_hour=sum(wi * r.usd_per_gpu_hour for wi, (r, _) in zip(w, groups, strict=True)))
 
 
-def disaggregation_section(req: pd.DataFrame, steps: pd.DataFrame, p: Pools, warmup_s: float,
+def disaggregation_section(req: Table, steps: Table, p: Pools, warmup_s: float,
                            end_s: float) -> dict[str, Any]:
     """The summary's `disaggregation` keys (docs/METRICS.md, 'Disaggregated serving'): the pools,
     the link, the transfers of the requests arriving in the window, the parts of their TTFT, and
     each pool's busy share."""
+    req, steps = as_pandas(req), as_pandas(steps)
     meas = (req.arrival_s >= warmup_s) & (req.arrival_s < end_s)
     r = req[meas]
     moved = r.kv_ready_s.notna()

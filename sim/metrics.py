@@ -7,10 +7,14 @@ arriving in [warmup_s, end_s); step metrics use steps starting in that window.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-import pandas as pd
+
+from sim.frame import Frame, as_frame, column
+
+if TYPE_CHECKING:
+    from sim.frame import Table
 
 PERCENTILES = (50, 90, 95, 99)
 # stability verdict (docs/METRICS.md, 'Stability'): too few measured requests to judge below this
@@ -46,9 +50,9 @@ def dist(x: np.ndarray, w: np.ndarray | None = None) -> dict[str, float]:
     return out
 
 
-def _counts(steps: pd.DataFrame) -> np.ndarray:
+def _counts(steps: Table) -> np.ndarray:
     """Engine steps behind each step row: 1, or n for a run-length row of n fused decode steps."""
-    return steps["count"].to_numpy(np.int64) if "count" in steps else np.ones(len(steps), dtype=np.int64)
+    return column(steps, "count", np.int64) if "count" in steps else np.ones(len(steps), dtype=np.int64)
 
 
 def _run_index(cnt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -57,20 +61,20 @@ def _run_index(cnt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows, np.arange(rows.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)
 
 
-def step_gaps(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def step_gaps(steps: Table) -> tuple[np.ndarray, np.ndarray]:
     """Every engine step's chunk gap and its weight (decoding sequences), run-length rows
     expanded: step j of a fused run lasted chunk_gap_s + j x gap_step_s (its durations are affine
     in the context, which grows by decode_seqs tokens a step)."""
     cnt = _counts(steps)
-    gap = steps.chunk_gap_s.to_numpy(np.float64)
-    w = steps.decode_seqs.to_numpy(np.float64)
+    gap = column(steps, "chunk_gap_s", np.float64)
+    w = column(steps, "decode_seqs", np.float64)
     if (cnt == 1).all():
         return gap, w
     # expanded in place: each step's gap, its index in its run times the run's slope added
     out = np.repeat(gap, cnt)
     j = np.arange(out.size, dtype=np.float64)
     j -= np.repeat((np.cumsum(cnt) - cnt).astype(np.float64), cnt)
-    j *= np.repeat(steps.gap_step_s.to_numpy(np.float64), cnt)
+    j *= np.repeat(column(steps, "gap_step_s", np.float64), cnt)
     out += j
     return out, np.repeat(w, cnt)
 
@@ -80,14 +84,14 @@ def _pct_hit(cum: np.ndarray, total: float, p: float) -> int:
     return min(int(np.searchsorted(cum / total, p)), cum.size - 1)
 
 
-def gap_dist(steps: pd.DataFrame) -> dict[str, float]:
+def gap_dist(steps: Table) -> dict[str, float]:
     """`dist(*step_gaps(steps))` without expanding the run-length rows: the same mean (to
     rounding) and the same weighted percentiles (exactly: the same value is picked)."""
     mean, _, pct = gap_moments(steps, tuple(p / 100.0 for p in PERCENTILES))
     return {"mean": mean, **{f"p{p}": v for p, v in zip(PERCENTILES, pct, strict=True)}}
 
 
-def gap_moments(steps: pd.DataFrame, shares: tuple[float, ...]) -> tuple[float, float, list[float]]:
+def gap_moments(steps: Table, shares: tuple[float, ...]) -> tuple[float, float, list[float]]:
     """(mean, standard deviation, weighted quantiles at `shares`) of every engine step's chunk gap
     weighted by its decoding sequences, from run-length rows without expanding them.
 
@@ -100,9 +104,9 @@ def gap_moments(steps: pd.DataFrame, shares: tuple[float, ...]) -> tuple[float, 
     expanded (from the rows overlapping it) and searched, with the weight below x_low counted in
     closed form (values grow with j, so a run's values below x_low are a prefix)."""
     cnt = _counts(steps).astype(np.float64)
-    g = steps.chunk_gap_s.to_numpy(np.float64)
-    s = steps.gap_step_s.to_numpy(np.float64) * (cnt > 1)
-    w = steps.decode_seqs.to_numpy(np.float64)
+    g = column(steps, "chunk_gap_s", np.float64)
+    s = column(steps, "gap_step_s", np.float64) * (cnt > 1)
+    w = column(steps, "decode_seqs", np.float64)
     keep = np.isfinite(g) & (w > 0)
     if not keep.all():
         cnt, g, s, w = cnt[keep], g[keep], s[keep], w[keep]
@@ -171,20 +175,20 @@ def gap_moments(steps: pd.DataFrame, shares: tuple[float, ...]) -> tuple[float, 
     return mean, float(np.sqrt(max(var, 0.0))), out
 
 
-def step_starts(steps: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def step_starts(steps: Table) -> tuple[np.ndarray, np.ndarray]:
     """(rows, start_s) of every engine step, run-length rows expanded: step j of a fused run
     starts at start_s + j d0 + slope j (j - 1) / 2 (d0 = chunk_gap_s, slope = gap_step_s)."""
     cnt = _counts(steps)
-    start = steps.start_s.to_numpy(np.float64)
+    start = column(steps, "start_s", np.float64)
     if (cnt == 1).all():
         return np.arange(cnt.size), start
     rows, j = _run_index(cnt)
-    d0 = steps.chunk_gap_s.to_numpy(np.float64)[rows]
-    slope = steps.gap_step_s.to_numpy(np.float64)[rows]
+    d0 = column(steps, "chunk_gap_s", np.float64)[rows]
+    slope = column(steps, "gap_step_s", np.float64)[rows]
     return rows, start[rows] + j * d0 + slope * (j * (j - 1) / 2.0)
 
 
-def expand_steps(steps: pd.DataFrame) -> pd.DataFrame:
+def expand_steps(steps: Table) -> Frame:
     """One row per engine step (`specrack run --steps full`): each run-length row of n fused
     decode steps becomes n rows with their own start, duration and chunk gap (closed form, as
     the unfused engine computes them to rounding), tokens per step (the row's totals / n), and
@@ -192,52 +196,53 @@ def expand_steps(steps: pd.DataFrame) -> pd.DataFrame:
     slightly with the context). kv_blocks_used repeats the run's last step (after its
     completions); waiting is the same at every step of a run. Rows come in the order the steps
     ended, as the unfused engine logs them."""
+    steps = as_frame(steps)
     cnt = _counts(steps)
     if (cnt == 1).all():
-        return steps.assign(count=1, gap_step_s=0.0) if "count" not in steps else steps.copy()
+        return steps.with_columns(count=np.ones(len(steps), dtype=np.int64), gap_step_s=np.zeros(len(steps))) \
+            if "count" not in steps else steps.rows(slice(None))
     rows, x = step_starts(steps)
     _, j = _run_index(cnt)
-    out = steps.iloc[rows].reset_index(drop=True)
+    out = steps.rows(rows)
     fused = cnt[rows] > 1
     n = cnt[rows].astype(np.float64)
-    d = out.chunk_gap_s.to_numpy() + j * out.gap_step_s.to_numpy()
+    d = out["chunk_gap_s"] + j * out["gap_step_s"]
     out["start_s"] = x
     for c in ("duration_s", "target_s"):
-        out[c] = np.where(fused, d, out[c].to_numpy())
+        out[c] = np.where(fused, d, out[c])
     for c in ("decode_tokens", "emitted_tokens", "flops", "bytes"):
-        out[c] = out[c].to_numpy() / n
-    out["chunk_gap_s"] = np.where(fused, d, out.chunk_gap_s.to_numpy())
-    out["count"] = 1
-    out["gap_step_s"] = 0.0
+        out[c] = out[c] / n
+    out["chunk_gap_s"] = np.where(fused, d, out["chunk_gap_s"])
+    out["count"] = np.ones(len(out), dtype=np.int64)
+    out["gap_step_s"] = np.zeros(len(out))
     # in the order the unfused engine logs steps: by the time each ended
-    order = np.argsort(out.start_s.to_numpy() + out.duration_s.to_numpy(), kind="stable")
-    return out.iloc[order].reset_index(drop=True)
+    order = np.argsort(out["start_s"] + out["duration_s"], kind="stable")
+    return out.rows(order)
 
 
-def request_latencies(req: pd.DataFrame) -> pd.DataFrame:
+def request_latencies(req: Table) -> Frame:
     """Per-request TTFT, end-to-end latency, TPOT and queueing delay."""
-    arr = req.arrival_s.to_numpy(np.float64)
-    ttft = req.first_token_s.to_numpy(np.float64) - arr
-    e2e = req.completion_s.to_numpy(np.float64) - arr
-    out = req.output_tokens.to_numpy()
+    arr = column(req, "arrival_s", np.float64)
+    ttft = column(req, "first_token_s", np.float64) - arr
+    e2e = column(req, "completion_s", np.float64) - arr
+    out = column(req, "output_tokens")
     with np.errstate(invalid="ignore"):
         tpot = (e2e - ttft) / np.where(out > 1, out - 1.0, np.nan)
-    return pd.DataFrame({"ttft_s": ttft, "e2e_s": e2e, "tpot_s": tpot,
-                         "queue_s": req.scheduled_s.to_numpy(np.float64) - arr}, index=req.index)
+    return Frame({"ttft_s": ttft, "e2e_s": e2e, "tpot_s": tpot, "queue_s": column(req, "scheduled_s", np.float64) - arr})
 
 
-def queue_growth_rps(steps: pd.DataFrame) -> float:
+def queue_growth_rps(steps: Table) -> float:
     """Growth rate of the waiting queue (requests/s): least-squares slope per replica over every
     engine step's (start, waiting), summed. Run-length rows in closed form (`_run_moments`)."""
     total = 0.0
     cnt = _counts(steps)
     fused = bool((cnt > 1).any())
-    rep = steps.replica.to_numpy()
+    rep = column(steps, "replica")
     # each replica's rows in table order (a stable sort by replica, as groupby keeps them), sliced
     order = np.argsort(rep, kind="stable")
     cuts = np.flatnonzero(np.diff(rep[order])) + 1
     cols = ("start_s", "waiting", "count", "chunk_gap_s", "gap_step_s") if fused else ("start_s", "waiting")
-    sorted_cols = {c: steps[c].to_numpy(np.float64)[order] for c in cols}
+    sorted_cols = {c: column(steps, c, np.float64)[order] for c in cols}
     for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), rep.size], strict=True):
         g = {c: v[lo:hi] for c, v in sorted_cols.items()}
         if fused:
@@ -290,10 +295,10 @@ def relaxation_s(e2e_mean_s: Any, rho: Any) -> Any:
     return float(t) if t.ndim == 0 else t
 
 
-def in_system(req: pd.DataFrame, times: np.ndarray) -> np.ndarray:
+def in_system(req: Table, times: np.ndarray) -> np.ndarray:
     """Requests in the system (arrived, not completed: waiting or running) at each time."""
-    arr = np.sort(req.arrival_s.to_numpy(np.float64))
-    comp = np.sort(req.completion_s.to_numpy(np.float64))  # NaN (never completed) sorts last
+    arr = np.sort(column(req, "arrival_s", np.float64))
+    comp = np.sort(column(req, "completion_s", np.float64))  # NaN (never completed) sorts last
     comp = comp[np.isfinite(comp)]
     return np.searchsorted(arr, times, "right") - np.searchsorted(comp, times, "right")
 
@@ -316,7 +321,7 @@ def trend(batch_means: np.ndarray) -> tuple[float, float, float]:
     return slope * (b - 1), float(t), first
 
 
-def _in_system_trend(req: pd.DataFrame, start_s: float, end_s: float) -> tuple[float, float, float]:
+def _in_system_trend(req: Table, start_s: float, end_s: float) -> tuple[float, float, float]:
     """Trend (growth, t, first-half mean) of requests in system over [start_s, end_s), sampled
     40 times per batch."""
     k = TREND_BATCHES * 40
@@ -324,13 +329,13 @@ def _in_system_trend(req: pd.DataFrame, start_s: float, end_s: float) -> tuple[f
     return trend(in_system(req, times).reshape(TREND_BATCHES, 40).mean(axis=1))
 
 
-def _ttft_trend(m: pd.DataFrame, start_s: float, end_s: float) -> tuple[float, float, float]:
+def _ttft_trend(m: Table, start_s: float, end_s: float) -> tuple[float, float, float]:
     """Trend of mean TTFT by arrival time over [start_s, end_s); NaNs when a batch is empty."""
     nan = (float("nan"),) * 3
     if len(m) < 2 * TREND_BATCHES:
         return nan
-    ttft = (m.first_token_s - m.arrival_s).to_numpy(np.float64)
-    which = ((m.arrival_s.to_numpy() - start_s) / (end_s - start_s) * TREND_BATCHES).astype(np.int64)
+    ttft = column(m, "first_token_s", np.float64) - column(m, "arrival_s", np.float64)
+    which = ((column(m, "arrival_s") - start_s) / (end_s - start_s) * TREND_BATCHES).astype(np.int64)
     which = np.minimum(which, TREND_BATCHES - 1)
     counts = np.bincount(which, minlength=TREND_BATCHES)
     if not (counts > 0).all():
@@ -349,7 +354,7 @@ class Stability(NamedTuple):
     reasons: list[str]
 
 
-def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bool,
+def stability(req: Table, *, warmup_s: float, end_s: float, truncated: bool,
               ramp_s: float = 0.0) -> Stability:
     """The stability verdict of a run: 'stable', 'overloaded' or 'insufficient' (docs/METRICS.md).
 
@@ -367,21 +372,20 @@ def stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bo
     load: both trends are then judged from the end of the ramp on, and a run that ends too soon
     after it is too short.
     Insufficient: too short, or fewer than MIN_JUDGED_REQUESTS requests measured."""
-    completion = req.completion_s.to_numpy(np.float64)
-    arrival = req.arrival_s.to_numpy(np.float64)
+    completion = column(req, "completion_s", np.float64)
+    arrival = column(req, "arrival_s", np.float64)
     done = ~np.isnan(completion)
     keep = done & (arrival >= warmup_s) & (arrival < end_s)
     # the measured, completed requests' columns used here (from the arrays: no copy of the table)
-    m = pd.DataFrame({"arrival_s": arrival[keep], "first_token_s": req.first_token_s.to_numpy(np.float64)[keep],
-                      "completion_s": completion[keep], "scheduled_s": req.scheduled_s.to_numpy(np.float64)[keep]},
-                     copy=False)
-    tau = float((m.completion_s - m.scheduled_s).mean()) if len(m) else 0.0
+    m = Frame({"arrival_s": arrival[keep], "first_token_s": column(req, "first_token_s", np.float64)[keep],
+               "completion_s": completion[keep], "scheduled_s": column(req, "scheduled_s", np.float64)[keep]})
+    tau = float((m["completion_s"] - m["scheduled_s"]).mean()) if len(m) else 0.0
     settle = max(warmup_s, SETTLE_LIFETIMES * tau, ramp_s)
     short = end_s - settle < JUDGE_LIFETIMES * tau
     nan = (float("nan"),) * 3
     growth_l, t_l, mean_l = _in_system_trend(req, settle, end_s) if end_s > warmup_s and not short else nan
     t0 = max(warmup_s, ramp_s)
-    m_t = m if t0 == warmup_s else m[m.arrival_s >= t0]
+    m_t = m if t0 == warmup_s else m.rows(m["arrival_s"] >= t0)
     growth_t, t_t, mean_t = _ttft_trend(m_t, t0, end_s) if end_s > t0 and not (short and ramp_s > warmup_s) else nan
     over_l = t_l > TREND_T and growth_l > max(TREND_REL * mean_l, 2.0)  # NaN compares False
     over_t = t_t > TREND_T and growth_t > max(TREND_REL * mean_t, 0.25)
@@ -458,7 +462,7 @@ def unfinished(truncated: bool, backlog: int) -> list[str]:
     return reasons
 
 
-def closed_loop_stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, truncated: bool,
+def closed_loop_stability(req: Table, *, warmup_s: float, end_s: float, truncated: bool,
                           concurrency: int, send_lag_s: np.ndarray | None = None) -> Stability:
     """The verdict of a run whose clients cap the requests in system at `concurrency` (a closed
     loop, or an open-loop stream behind max_concurrency), with the figures of `stability` and the
@@ -471,16 +475,16 @@ def closed_loop_stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, t
     the overload shows in the clients instead: it is 'overloaded' when the wait for a free client
     (`send_lag_s`: send time minus due arrival time) trends up over the window (the same trend
     test as TTFT's, by send time), i.e. the offered rate outruns what N clients can send."""
-    done = req.completion_s.notna()
-    meas = (req.arrival_s >= warmup_s) & (req.arrival_s < end_s)
-    m = req[meas & done]
+    done = ~np.isnan(column(req, "completion_s", np.float64))
+    arrival = column(req, "arrival_s", np.float64)
+    meas = (arrival >= warmup_s) & (arrival < end_s)
+    sent = arrival[meas & done]
     nan = float("nan")
     mean_l = float(in_system(req, warmup_s + (np.arange(400) + 0.5) * (end_s - warmup_s) / 400).mean()) \
         if end_s > warmup_s else nan
     growth_g, t_g, mean_g = (nan,) * 3
-    if send_lag_s is not None and len(m) >= 2 * TREND_BATCHES and end_s > warmup_s:
-        lag = np.asarray(send_lag_s, dtype=np.float64)[(meas & done).to_numpy()]
-        sent = m.arrival_s.to_numpy()
+    if send_lag_s is not None and sent.size >= 2 * TREND_BATCHES and end_s > warmup_s:
+        lag = np.asarray(send_lag_s, dtype=np.float64)[meas & done]
         which = np.clip(((sent - warmup_s) / (end_s - warmup_s) * TREND_BATCHES).astype(np.int64), 0, TREND_BATCHES - 1)
         counts = np.bincount(which, minlength=TREND_BATCHES)
         if (counts > 0).all():
@@ -492,16 +496,16 @@ def closed_loop_stability(req: pd.DataFrame, *, warmup_s: float, end_s: float, t
                        f"the window (mean {mean_g:.2f} s in its first half): the offered rate outruns the clients")
     if reasons:
         verdict = "overloaded"
-    elif len(m) < MIN_JUDGED_REQUESTS:
+    elif sent.size < MIN_JUDGED_REQUESTS:
         verdict = "insufficient"
-        reasons.append(f"only {len(m)} requests measured (at least {MIN_JUDGED_REQUESTS} needed to judge)"
+        reasons.append(f"only {sent.size} requests measured (at least {MIN_JUDGED_REQUESTS} needed to judge)"
                        + ("; the window [warmup_s, end) is empty" if end_s <= warmup_s else ""))
     else:
         verdict = "stable"
         reasons.append(f"at most {concurrency} requests in system by construction (mean {mean_l:.1f} over the "
                        "window): the queue cannot grow" + ("; the wait for a free client shows no upward trend"
                                                            if send_lag_s is not None else ""))
-    return Stability({"backlog": backlog, "judged_requests": len(m), "settle_s": warmup_s, "in_system_mean": mean_l,
+    return Stability({"backlog": backlog, "judged_requests": int(sent.size), "settle_s": warmup_s, "in_system_mean": mean_l,
                       "in_system_growth": nan, "in_system_trend_t": nan, "ttft_growth_s": nan, "ttft_trend_t": nan,
                       "client_wait_growth_s": growth_g, "client_wait_trend_t": t_g}, verdict, reasons)
 
@@ -573,7 +577,7 @@ class SloWatch:
         return None
 
 
-def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s: float, replicas: int,
+def summarise(req: Table, steps: Table, *, warmup_s: float, end_s: float, replicas: int,
               gpus_per_replica: float, peak_flops: float, mem_bw: float, slo: dict[str, float],
               busy_scale: float | None = None, rejected_arrival_s: np.ndarray | None = None,
               host_evicted_blocks: int | None = None) -> dict[str, Any]:
@@ -587,23 +591,23 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     window = max(end_s - warmup_s, 1e-9)
     lat = request_latencies(req)
     # the request columns as arrays (pandas' per-operation cost is most of a short run's summary)
-    arrival = req.arrival_s.to_numpy(np.float64)
-    completion = req.completion_s.to_numpy(np.float64)
+    arrival = column(req, "arrival_s", np.float64)
+    completion = column(req, "completion_s", np.float64)
     meas = (arrival >= warmup_s) & (arrival < end_s)
     md = meas & ~np.isnan(completion)  # measured and completed
-    m = {c: lat[c].to_numpy(np.float64)[md] for c in ("ttft_s", "tpot_s", "e2e_s", "queue_s")}
+    m = {c: column(lat, c, np.float64)[md] for c in ("ttft_s", "tpot_s", "e2e_s", "queue_s")}
     # the steps starting in the window, only the columns each figure needs (a copy of the whole
     # table filtered would be its largest allocation on a long run)
-    start_s = steps.start_s.to_numpy(np.float64)
+    start_s = column(steps, "start_s", np.float64)
     in_win = (start_s >= warmup_s) & (start_s < end_s)
     whole = bool(in_win.all())
 
     def st_col(col: str) -> np.ndarray:
-        x = steps[col].to_numpy()
+        x = column(steps, col)
         return x if whole else x[in_win]
 
-    def st_cols(*cols: str) -> pd.DataFrame:  # (from the columns' arrays: a masked `loc` copies every column)
-        return pd.DataFrame({c: st_col(c) for c in cols}, copy=False)
+    def st_cols(*cols: str) -> Frame:  # (from the columns' arrays: a masked `loc` copies every column)
+        return Frame({c: st_col(c) for c in cols})
 
     st = st_cols(*(c for c in ("count", "chunk_gap_s", "gap_step_s", "decode_seqs") if c in steps.columns))
     s: dict[str, Any] = {}
@@ -613,7 +617,7 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     # with steps back to back, a decoding sequence waits one step per chunk, plus the prefill-only
     # steps that ran meanwhile (separate prefill): the step table's chunk_gap_s
     s["itl_s"] = gap_dist(st)
-    s["itl_samples"] = int((st.decode_seqs * _counts(st)).sum())
+    s["itl_samples"] = int((st["decode_seqs"] * _counts(st)).sum())
     del st  # streamed-chunk gaps behind those percentiles
     s["e2e_s"] = dist(m["e2e_s"])
     s["queue_s"] = dist(m["queue_s"])
@@ -648,7 +652,7 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     s["mean_batch_size"] = float((st_col("batch_size") * dur).sum() / dur.sum()) if dur.sum() > 0 else 0.0
     del dur
     def req_sum(col: str) -> float:  # (NaN skipped, as pandas' sum skips it)
-        return float(np.nansum(req[col].to_numpy()[meas]))
+        return float(np.nansum(column(req, col)[meas]))
 
     s["preemptions"] = int(req_sum("preemptions"))
     # speculation, over the window like everything else: requests arriving in it, steps starting in it
@@ -661,11 +665,11 @@ def summarise(req: pd.DataFrame, steps: pd.DataFrame, *, warmup_s: float, end_s:
     s["queue_growth_rps"] = queue_growth_rps(st_cols(*(c for c in ("replica", "start_s", "waiting", "count", "chunk_gap_s",
                                                                    "gap_step_s") if c in steps.columns)))
     if "cached_tokens" in req.columns:
-        s.update(prefix_cache_metrics(req[meas], lat[meas], host_evicted_blocks))
+        s.update(prefix_cache_metrics(as_frame(req).rows(meas), lat.rows(meas), host_evicted_blocks))
     return s
 
 
-def prefix_cache_metrics(req: pd.DataFrame, lat: pd.DataFrame, host_evicted_blocks: int | None = None) -> dict[str, Any]:
+def prefix_cache_metrics(req: Table, lat: Table, host_evicted_blocks: int | None = None) -> dict[str, Any]:
     """Prefix caching over the measured requests that were admitted (docs/METRICS.md, 'Prefix
     caching'): the token hit rate (prompt tokens found cached at the first admission / prompt
     tokens, what a trace's hash arithmetic counts), the share of requests that hit, the prefill
@@ -675,29 +679,29 @@ def prefix_cache_metrics(req: pd.DataFrame, lat: pd.DataFrame, host_evicted_bloc
     tokens cached) and miss. With a host tier (a `host_cached_tokens` column), the hit rate by
     tier, TTFT by the tier a hit reached (HBM only, or some tokens loaded from the host tier), and
     `host_evicted_blocks`, the blocks the host tier dropped over the whole run."""
-    admitted = req.prefill_tokens.to_numpy() > 0
-    cached = req.cached_tokens.to_numpy(np.int64)[admitted]
-    prompt = req.prompt_tokens.to_numpy(np.int64)[admitted]
+    admitted = column(req, "prefill_tokens") > 0
+    cached = column(req, "cached_tokens", np.int64)[admitted]
+    prompt = column(req, "prompt_tokens", np.int64)[admitted]
     hit = cached > 0
-    ttft = lat.ttft_s.to_numpy(np.float64)[admitted]
+    ttft = column(lat, "ttft_s", np.float64)[admitted]
     prompt_sum = int(prompt.sum())
     # a preempted request prefills again: prefill_tokens - prompt_tokens beyond its first prefill,
     # prefill_cached_tokens - cached_tokens of it from the cache (both 0 for one never preempted)
-    again = int(req.prefill_tokens.to_numpy(np.int64)[admitted].sum()) - prompt_sum
-    again_cached = int(req.prefill_cached_tokens.to_numpy(np.int64)[admitted].sum()) - int(cached.sum())
+    again = int(column(req, "prefill_tokens", np.int64)[admitted].sum()) - prompt_sum
+    again_cached = int(column(req, "prefill_cached_tokens", np.int64)[admitted].sum()) - int(cached.sum())
     out = {
         "cache_hit_rate": float(cached.sum()) / prompt_sum if prompt_sum else float("nan"),
         "cache_request_hit_rate": float(hit.mean()) if hit.size else float("nan"),
         "prefill_tokens_saved": int(cached.sum()),
-        "prefill_tokens_computed": int(req.prefill_computed_tokens.to_numpy(np.int64)[admitted].sum()),
+        "prefill_tokens_computed": int(column(req, "prefill_computed_tokens", np.int64)[admitted].sum()),
         "prefill_tokens_after_preemption": again,
         "prefill_tokens_cached_after_preemption": again_cached,
-        "preempted_requests": int((req.preemptions.to_numpy()[admitted] > 0).sum()),
+        "preempted_requests": int((column(req, "preemptions")[admitted] > 0).sum()),
         "ttft_hit_s": dist(ttft[hit]),
         "ttft_miss_s": dist(ttft[~hit]),
     }
     if "host_cached_tokens" in req.columns:
-        host = req.host_cached_tokens.to_numpy(np.int64)[admitted]
+        host = column(req, "host_cached_tokens", np.int64)[admitted]
         from_host = host > 0
         out.update({
             "cache_hbm_hit_rate": float((cached - host).sum()) / prompt_sum if prompt_sum else float("nan"),
@@ -709,24 +713,24 @@ def prefix_cache_metrics(req: pd.DataFrame, lat: pd.DataFrame, host_evicted_bloc
     return out
 
 
-def bench_metrics(req: pd.DataFrame, steps: pd.DataFrame) -> dict[str, float]:
+def bench_metrics(req: Table, steps: Table) -> dict[str, float]:
     """A benchmark's figures as `vllm bench serve` names and computes them (vllm/benchmarks/serve.py):
     duration from the first send to the last completion, request/output/total-token throughput
     over it, and mean/median/std/p90/p99 in ms of TTFT (from the send), TPOT (per request with
     more than one output token: (latency - TTFT) / (output - 1)), ITL (every streamed-chunk gap,
     pooled) and E2E latency (`e2el`). Over the whole tables (a benchmark has no warm-up)."""
-    completion = req.completion_s.to_numpy(np.float64)
+    completion = column(req, "completion_s", np.float64)
     ok = ~np.isnan(completion)  # the completed requests (from the columns' arrays: no table copy)
     n_done = int(ok.sum())
     if not n_done:
         return {"completed": 0.0}
-    arrival = req.arrival_s.to_numpy(np.float64)
+    arrival = column(req, "arrival_s", np.float64)
     start = float(np.nanmin(arrival))
     duration = float(completion[ok].max()) - start
-    ttft = req.first_token_s.to_numpy(np.float64)[ok] - arrival[ok]
+    ttft = column(req, "first_token_s", np.float64)[ok] - arrival[ok]
     e2el = completion[ok] - arrival[ok]
-    out_tok = req.output_tokens.to_numpy()[ok]
-    prompt_tok = req.prompt_tokens.to_numpy()[ok]
+    out_tok = column(req, "output_tokens")[ok]
+    prompt_tok = column(req, "prompt_tokens")[ok]
     many = out_tok > 1
     tpot = (e2el[many] - ttft[many]) / (out_tok[many] - 1)
     out: dict[str, float] = {
@@ -813,9 +817,9 @@ def replica_seconds(knots: tuple[np.ndarray, np.ndarray], a: np.ndarray | float,
 INTERVAL_PERCENTILES = ("mean", "p50", "p90", "p99")
 
 
-def intervals(req: pd.DataFrame, steps: pd.DataFrame, *, interval_s: float, end_s: float, replicas: int,
+def intervals(req: Table, steps: Table, *, interval_s: float, end_s: float, replicas: int,
               gpus_per_replica: float, timeline: list[tuple[float, int, int]] | None = None,
-              replica_capacity_rps: float = float("nan"), slo: dict[str, float] | None = None) -> pd.DataFrame:
+              replica_capacity_rps: float = float("nan"), slo: dict[str, float] | None = None) -> Frame:
     """One row per interval [k interval_s, (k + 1) interval_s) of [0, end_s) (docs/METRICS.md,
     'Intervals'): request latencies of the requests arriving in it, ITL, throughput and busy time
     of the engine steps starting in it (exact: fused runs never straddle an interval's end),
@@ -828,10 +832,10 @@ def intervals(req: pd.DataFrame, steps: pd.DataFrame, *, interval_s: float, end_
     a, b = edges[:-1], edges[1:]
     width = b - a
     lat = request_latencies(req)
-    arr = req.arrival_s.to_numpy(np.float64)
+    arr = column(req, "arrival_s", np.float64)
     which = np.searchsorted(edges, arr, "right") - 1
-    done = req.completion_s.notna().to_numpy()
-    s_start = steps.start_s.to_numpy(np.float64)
+    done = ~np.isnan(column(req, "completion_s", np.float64))
+    s_start = column(steps, "start_s", np.float64)
     s_which = np.searchsorted(edges, s_start, "right") - 1
     # the step rows of each interval, contiguous once sorted (a run-length row lies wholly inside
     # one interval: fused runs never straddle an interval's end), so an interval's ITL comes from
@@ -840,18 +844,18 @@ def intervals(req: pd.DataFrame, steps: pd.DataFrame, *, interval_s: float, end_
     s_bounds = np.searchsorted(s_which[s_order], np.arange(n + 1), "left")
     cols = [c for c in steps.columns if c in ("duration_s", "emitted_tokens", "decode_tokens", "k", "count",
                                                  "chunk_gap_s", "gap_step_s", "decode_seqs")]
-    sub = steps[cols].iloc[s_order]  # sorted by interval once: an interval's rows are a slice
+    sub = Frame({c: column(steps, c)[s_order] for c in cols})  # sorted by interval once: an interval's rows are a slice
     billed = replica_counts(timeline, replicas)
     live = replica_counts(timeline, replicas, billed=(2,))
     run_s = replica_seconds(billed, a, b)
     live_s = replica_seconds(live, a, b)
-    lat_np = {name: lat[name].to_numpy() for name in lat.columns}
-    completion = req.completion_s.to_numpy(np.float64)
+    lat_np = {name: column(lat, name) for name in lat.columns}
+    completion = column(req, "completion_s", np.float64)
     rows = []
     for i in range(n):
         here = which == i
         m = here & done
-        st = sub.iloc[s_bounds[i]: s_bounds[i + 1]]
+        st = sub.rows(slice(s_bounds[i], s_bounds[i + 1]))
         itl = gap_dist(st) if len(st) else None
         row: dict[str, Any] = {"start_s": float(a[i]), "end_s": float(b[i])}
         row["offered_requests"] = int(here.sum())
@@ -863,8 +867,8 @@ def intervals(req: pd.DataFrame, steps: pd.DataFrame, *, interval_s: float, end_
                 row[f"{name}_{p}"] = d[p]
         for p in INTERVAL_PERCENTILES:
             row[f"itl_s_{p}"] = itl[p] if itl is not None else float("nan")
-        busy = float(st.duration_s.sum())
-        row["throughput_tok_s"] = float(st.emitted_tokens.sum()) / width[i]
+        busy = float(st["duration_s"].sum())
+        row["throughput_tok_s"] = float(st["emitted_tokens"].sum()) / width[i]
         row["throughput_rps"] = float(((completion >= a[i]) & (completion < b[i])).sum()) / width[i]
         row["replicas_running"] = float(run_s[i]) / width[i]
         row["replicas_live"] = float(live_s[i]) / width[i]
@@ -872,8 +876,8 @@ def intervals(req: pd.DataFrame, steps: pd.DataFrame, *, interval_s: float, end_
         row["gpu_busy_fraction"] = busy / float(run_s[i]) if run_s[i] > 0 else float("nan")
         row["load_utilisation"] = (row["offered_rps"] / (row["replicas_live"] * replica_capacity_rps)
                                    if row["replicas_live"] > 0 and replica_capacity_rps > 0 else float("nan"))
-        dec = st.decode_tokens.to_numpy(np.float64)
-        row["speculating_share"] = float(dec[st.k.to_numpy() > 0].sum() / dec.sum()) if dec.sum() > 0 else 0.0
+        dec = column(st, "decode_tokens", np.float64)
+        row["speculating_share"] = float(dec[column(st, "k") > 0].sum() / dec.sum()) if dec.sum() > 0 else 0.0
         met = True
         for key, target in (slo or {}).items():
             metric, pct, _ = key.split("_")
@@ -888,4 +892,4 @@ def intervals(req: pd.DataFrame, steps: pd.DataFrame, *, interval_s: float, end_
             met &= ok
         row["slo_met"] = met
         rows.append(row)
-    return pd.DataFrame(rows)
+    return Frame({k: np.array([r[k] for r in rows]) for k in rows[0]})

@@ -18,10 +18,9 @@ import time
 from collections import deque
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-import pandas as pd
 import simpy
 from simpy.events import URGENT, EventPriority
 
@@ -30,12 +29,16 @@ from sim.deployment import ReplicaRuntime, check_fits, rejection_reason
 from sim.deployment import fits as request_fits
 from sim.engine import Replica
 from sim.fleet import Autoscaler, Fleet, FleetBound, FollowLoad, change_times, timeout_with
+from sim.frame import Frame, as_frame, column
 from sim.joint import RackPlanner
 from sim.metrics import SloWatch
 from sim.scenario import Scenario
 from sim.state import FuseBound
 from sim.tables import STEP_INT_COLUMNS, Requests, StepLog
 from sim.workload import streams
+
+if TYPE_CHECKING:
+    from sim.frame import Table
 
 PROGRESS_TICKS = 200  # progress bar updates over a run's arrivals (`_watch_done`)
 GC_YOUNG_THRESHOLD = 200_000  # allocations between collections of the GC's youngest generation during a run
@@ -56,8 +59,8 @@ class RunOutput:
     None (start None: warmup_s). `host_evicted_blocks`: the KV blocks the replicas' host tiers dropped
     over the whole run (None without a host tier)."""
 
-    requests: pd.DataFrame
-    steps: pd.DataFrame
+    requests: Frame
+    steps: Frame
     truncated: bool
     horizon_s: float
     rejected: int = 0
@@ -267,7 +270,7 @@ class ClosedLoop:
                 self.env.process(self._after(delay))
 
 
-def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, *,
+def run_table(sc: Scenario, rt: ReplicaRuntime, table: Table, seed: int, *,
               horizon_s: float | None = None, backlog_limit: int | None = None,
               progress: bool = False, concurrency: int | None = None,
               think_s: np.ndarray | None = None, gate_arrivals: bool = False,
@@ -294,33 +297,37 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     `stop_on_slo` (open loop only): (warmup_s, end_s, SLO targets) of the run's window; the run
     ends as soon as its SLO is certain to fail (`sim.metrics.SloWatch`), with what made it fail in
     `RunOutput.stopped_early`."""
+    table = as_frame(table)
     wl = sc.workload
     method = sc.speculative.acceptance_key if sc.speculative else "draft_model"
     means = np.array([c.acceptance_for(method) if sc.speculative else 0.0 for c in wl.classes])
     spreads = np.array([c.acceptance_spread for c in wl.classes])
     # requests longer than the model (or the KV cache) allows are rejected, as vLLM does
-    check_fits(sc, rt, table.prompt_tokens.to_numpy(), table.output_tokens.to_numpy())  # all rejected: error
-    fits = request_fits(rt, table.prompt_tokens.to_numpy(), table.output_tokens.to_numpy())
+    check_fits(sc, rt, column(table, "prompt_tokens"), column(table, "output_tokens"))  # all rejected: error
+    fits = request_fits(rt, column(table, "prompt_tokens"), column(table, "output_tokens"))
     rejected = int((~fits).sum())
-    rej = table[~fits]
-    rejected_lines = tuple(int(x) for x in rej.trace_line) if "trace_line" in rej.columns else ()
-    table_arrival_max = float(table.arrival_s.max()) if len(table) else float("nan")
-    table = table[fits].reset_index(drop=True)
-    arrival = table.arrival_s.to_numpy(np.float64)
-    cls = table.cls.to_numpy()
-    acc = acceptance_at_quantile(table.accept_q.to_numpy(), means[cls], spreads[cls])
-    reqs = Requests(arrival, table.prompt_tokens.to_numpy(np.int64), table.output_tokens.to_numpy(np.int64), acc)
+    rej_arrival = column(table, "arrival_s", np.float64)[~fits]
+    rejected_lines = tuple(int(x) for x in table["trace_line"][~fits]) if "trace_line" in table else ()
+    known = column(table, "arrival_s", np.float64)
+    known = known[~np.isnan(known)]  # (a closed loop's are NaN: sent during the run)
+    table_arrival_max = float(known.max()) if known.size else float("nan")
+    if rejected:
+        table = table.rows(fits)
+    arrival = column(table, "arrival_s", np.float64)
+    cls = column(table, "cls")
+    acc = acceptance_at_quantile(column(table, "accept_q"), means[cls], spreads[cls])
+    reqs = Requests(arrival, column(table, "prompt_tokens", np.int64), column(table, "output_tokens", np.int64), acc)
     preloaded = None
-    if "preloaded_tokens" in table.columns:  # a disaggregated decode pool's requests (sim/disagg.py)
-        preloaded = reqs.preloaded = table.preloaded_tokens.to_numpy(np.int64).copy()
-        if "draft_prefill_tokens" in table.columns:
-            reqs.draft_pending = table.draft_prefill_tokens.to_numpy(np.int64).copy()
+    if "preloaded_tokens" in table:  # a disaggregated decode pool's requests (sim/disagg.py)
+        preloaded = reqs.preloaded = column(table, "preloaded_tokens", np.int64).copy()
+        if "draft_prefill_tokens" in table:
+            reqs.draft_pending = column(table, "draft_prefill_tokens", np.int64).copy()
     if sc.speculative is not None and sc.speculative.method == "suffix":  # per-request match probability
         reqs.match = np.array([c.suffix_match or 0.0 for c in wl.classes])[cls]
     # prefix caching acts when it is on and the requests carry block hashes (sim/workload.py)
-    units = rt.prefix_caching and "unit_keys" in table.columns
+    units = rt.prefix_caching and "unit_keys" in table
     if units:
-        reqs.set_units(table.unit_keys.to_list(), table.unit_blocks.to_list())
+        reqs.set_units(table["unit_keys"].tolist(), table["unit_blocks"].tolist())
     env = simpy.Environment()
     log = StepLog()
     rs = streams(seed)
@@ -426,8 +433,8 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
     for r in replicas:
         r.sync()
     truncated = stop.triggered
-    req_df = pd.DataFrame({
-        "id": table.id.to_numpy(), "cls": table.cls.to_numpy(), "replica": reqs.replica,
+    req_df = Frame({
+        "id": table["id"], "cls": table["cls"], "replica": reqs.replica,
         "arrival_s": arrival, "scheduled_s": reqs.scheduled, "first_token_s": reqs.first_token,
         "completion_s": reqs.completion, "prompt_tokens": reqs.prompt, "output_tokens": reqs.output,
         "generated_tokens": reqs.generated, "preemptions": reqs.preemptions, "acceptance": acc,
@@ -435,8 +442,8 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         "verify_emitted": reqs.verify_emitted,
     })
     for col in ("conversation", "turn"):  # multi-turn conversations (sim/workload.py)
-        if col in table.columns:
-            req_df[col] = table[col].to_numpy()
+        if col in table:
+            req_df[col] = table[col]
     if units:  # prefix caching: what each request found cached and computed (docs/METRICS.md)
         req_df["cached_tokens"] = reqs.cached_tokens
         req_df["prefill_cached_tokens"] = reqs.prefill_cached
@@ -445,9 +452,9 @@ def run_table(sc: Scenario, rt: ReplicaRuntime, table: pd.DataFrame, seed: int, 
         if rt.host_kv_blocks:  # a host tier behind the prefix cache
             req_df["host_cached_tokens"] = reqs.host_cached
     # one array per column, built block by block (no second copy of the rows), and not copied again
-    steps = pd.DataFrame(log.columns(STEP_INT_COLUMNS), copy=False)
+    steps = Frame(log.columns(STEP_INT_COLUMNS))
     return RunOutput(req_df, steps, truncated, float(env._now), rejected=rejected,
-                     rejected_arrival_s=rej.arrival_s.to_numpy(np.float64), rejected_lines=rejected_lines,
+                     rejected_arrival_s=rej_arrival, rejected_lines=rejected_lines,
                      rejected_reason=rejection_reason(rt) if rejected else "",
                      stopped_early=failed.value if failed is not None and failed.triggered else None,
                      fleet=fleet.timeline if fleet is not None else None,

@@ -12,10 +12,9 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from models.catalog import get_model, get_weight_format, weight_bytes
 from sim.attribution import METRICS, latency_parts, step_shares
@@ -31,6 +30,7 @@ from sim.capacity import (
 from sim.deployment import ReplicaRuntime, build_runtime, rejection_reason
 from sim.disagg import Pools, disaggregation_section, rack_figures, run_disaggregated, saturation
 from sim.fleet import default_warmup_s
+from sim.frame import Frame, column
 from sim.metrics import bench_metrics, closed_loop_stability, intervals, request_latencies, stability, summarise
 from sim.run import RunOutput, fixed_set_window, run_table
 from sim.scenario import MAX_REQUESTS, Scenario
@@ -46,6 +46,9 @@ from sim.summary import (
 )
 from sim.workload import LengthSampler, conversation_ramp_s, generate, think_mean
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 __all__ = ["Capacity", "CapacityStore", "Result", "RunCapacity", "RunOutput", "baseline_of", "capacity",
            "capacity_for", "capacity_summary", "flatten", "needs_capacity", "run_table", "simulate"]
 
@@ -59,40 +62,67 @@ class Result:
     `ttft_s`, `tpot_s`, `e2e_s`), the steps table (one row per engine step), the summary and the
     intervals table (one row per `[sim] interval_s`: latencies, throughput, replicas running, load;
     docs/METRICS.md), computed when first read (a sweep point never reads it), and the engine
-    run's record (`run`: the fleet timeline, autoscaler decisions, speculation switches, ...)."""
+    run's record (`run`: the fleet timeline, autoscaler decisions, speculation switches, ...).
+
+    The tables are kept as Frames (`request_table`, `step_table`, `interval_table`: numpy columns,
+    `sim.frame`); `requests`, `steps` and `intervals` are the same as DataFrames, made when first
+    read (pandas is imported then, not by a run)."""
 
     scenario: Scenario
     seed: int
-    requests: pd.DataFrame
-    steps: pd.DataFrame
+    request_table: Frame
+    step_table: Frame
     summary: dict[str, Any]
     run: RunOutput | None = field(default=None, repr=False, compare=False)
-    intervals_of: Callable[[], pd.DataFrame] | None = field(default=None, repr=False, compare=False)
-    _intervals: pd.DataFrame | None = field(default=None, init=False, repr=False, compare=False)
+    intervals_of: Callable[[], Frame] | None = field(default=None, repr=False, compare=False)
+    _intervals: Frame | None = field(default=None, init=False, repr=False, compare=False)
+    _frames: dict[str, pd.DataFrame] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
-    def intervals(self) -> pd.DataFrame | None:
+    def interval_table(self) -> Frame | None:
         """One row per [sim] interval_s of the run (docs/METRICS.md, 'Intervals')."""
         if self._intervals is None and self.intervals_of is not None:
             self._intervals = self.intervals_of()
         return self._intervals
 
+    @property
+    def requests(self) -> pd.DataFrame:
+        """The request table as a DataFrame."""
+        return self._frame("requests", self.request_table)
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """The step table as a DataFrame."""
+        return self._frame("steps", self.step_table)
+
+    @property
+    def intervals(self) -> pd.DataFrame | None:
+        """The intervals table as a DataFrame (None when the run has none)."""
+        iv = self.interval_table
+        return None if iv is None else self._frame("intervals", iv)
+
+    def _frame(self, name: str, table: Frame) -> pd.DataFrame:
+        if name not in self._frames:
+            self._frames[name] = table.to_pandas()
+        return self._frames[name]
+
     def table(self) -> pd.DataFrame:
         """The summary as a one-row DataFrame with the flat column names of a sweep's results
         table (`ttft_s_p99`, `slo_ttft_p99_s_met`, ...; see `flatten`), plus `seed`."""
+        import pandas as pd  # (heavy: only a DataFrame asked for needs it)
+
         return pd.DataFrame([flatten(self.summary)])
 
     def write(self, out: str | Path) -> Path:
         """Write requests.parquet, steps.parquet, summary.json and intervals.parquet/.csv into `out`."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        # plain encoding: dictionary encoding (the default) takes twice the time for about as big a
-        # file (float columns of distinct values; docs/PERFORMANCE.md, "What a run costs")
-        self.requests.to_parquet(out / "requests.parquet", index=False, use_dictionary=False)
-        self.steps.to_parquet(out / "steps.parquet", index=False, use_dictionary=False)
-        if self.intervals is not None:
-            self.intervals.to_parquet(out / "intervals.parquet", index=False, use_dictionary=False)
-            self.intervals.to_csv(out / "intervals.csv", index=False)
+        self.request_table.write_parquet(out / "requests.parquet")
+        self.step_table.write_parquet(out / "steps.parquet")
+        iv = self.interval_table
+        if iv is not None:
+            iv.write_parquet(out / "intervals.parquet")
+            iv.write_csv(out / "intervals.csv")
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, default=_json_default))
         return out
 
@@ -181,7 +211,7 @@ def simulate(sc: Scenario, seed: int | None = None, *, capacity: RunCapacity | N
         # a fixed set of requests (num_requests, a trace that runs out before duration_s) is measured
         # up to its last arrival, included
         fixed = bool(table.attrs.get("runs_out"))
-        times = table.arrival_s.to_numpy(np.float64)
+        times = column(table, "arrival_s", np.float64)
         if fixed:
             start_s, end_s = fixed_set_window(times, None, wl.warmup_s, frontend_s=rt.cost.eff.frontend_s)
         else:
@@ -199,12 +229,14 @@ def simulate(sc: Scenario, seed: int | None = None, *, capacity: RunCapacity | N
             loop = "open"
         else:  # vllm bench serve --request-rate R --max-concurrency N: a send waits for a free client
             out = run_table(sc, rt, table, seed, concurrency=wl.max_concurrency, gate_arrivals=True, progress=progress)
-            due = table.set_index("id").arrival_s.reindex(out.requests.id).to_numpy(np.float64)
-            lag = out.requests.arrival_s.to_numpy(np.float64) - due  # how long each request waited for a client
+            ids = table["id"]
+            order = np.argsort(ids, kind="stable")  # each request's row in the table, by its id
+            due = column(table, "arrival_s", np.float64)[order[np.searchsorted(ids, out.requests["id"], sorter=order)]]
+            lag = column(out.requests, "arrival_s", np.float64) - due  # how long each request waited for a client
             loop = "gated"
         if fixed:  # what was sent (a gated send lags its arrival), the drain of a burst
-            start_s, end_s = fixed_set_window(out.requests.arrival_s.to_numpy(np.float64),
-                                              out.requests.completion_s.to_numpy(np.float64), wl.warmup_s,
+            start_s, end_s = fixed_set_window(column(out.requests, "arrival_s", np.float64),
+                                              column(out.requests, "completion_s", np.float64), wl.warmup_s,
                                               out.horizon_s, rt.cost.eff.frontend_s)
     # collect
     early = out.stopped_early
@@ -221,7 +253,7 @@ def simulate(sc: Scenario, seed: int | None = None, *, capacity: RunCapacity | N
                            slo=sc.slo.targets())
     lat = request_latencies(req)  # the latencies behind the summary's percentiles, per request
     for col in LATENCY_COLUMNS:
-        req[col] = lat[col].to_numpy(np.float64)
+        req[col] = column(lat, col, np.float64)
     return Result(sc, seed, req, steps, s, out, iv)
 
 
@@ -385,24 +417,24 @@ def run_closed(sc: Scenario, rt: ReplicaRuntime, seed: int, *, progress: bool = 
     pool = None if wl.num_requests is not None else closed_pool(sc, rt)
     while True:
         table = generate(wl, seed, None, pool=pool)
-        think = table.think_s.to_numpy() if "think_s" in table else None
+        think = column(table, "think_s") if "think_s" in table else None
         out = run_table(sc, rt, table, seed, concurrency=wl.concurrency, think_s=think, progress=progress,
                         send_until_s=None if pool is None else wl.duration_s)
         req = out.requests
-        sent = req.arrival_s.notna().to_numpy()
+        sent = ~np.isnan(column(req, "arrival_s", np.float64))
         if pool is None or not sent.all() or len(table) < pool or pool >= MAX_REQUESTS:
             break
         pool = min(MAX_REQUESTS, 2 * pool)  # the clients ran dry before duration_s: a bigger pool
     if pool is not None and not sent.all():
         end_s = wl.duration_s  # N clients were busy (or thinking) right up to duration_s
-        reached = int(req.id.to_numpy()[sent].max()) + 1  # the pool's requests the clients got to
-        req = req[sent].reset_index(drop=True)
+        reached = int(column(req, "id")[sent].max()) + 1  # the pool's requests the clients got to
+        req = req.rows(sent)
         # the pool's requests the clients got to but never sent: too long for the deployment,
         # skipped (as vLLM rejects)
         skipped = reached - len(req)
         return dataclasses.replace(out, requests=req, rejected=skipped, window_end_s=end_s,
                                    rejected_reason=rejection_reason(rt) if skipped else "")
-    start_s, end_s = fixed_set_window(req.arrival_s.to_numpy(np.float64), req.completion_s.to_numpy(np.float64),
+    start_s, end_s = fixed_set_window(column(req, "arrival_s", np.float64), column(req, "completion_s", np.float64),
                                       wl.warmup_s, out.horizon_s, rt.cost.eff.frontend_s)
     return dataclasses.replace(out, window_start_s=start_s, window_end_s=end_s)
 

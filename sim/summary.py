@@ -26,16 +26,18 @@ show) and, with it, which section owns each key.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import itertools
 import platform
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from sim.capacity import Capacity
 from sim.deployment import ReplicaRuntime
+from sim.frame import column
 from sim.metrics import (
     MIN_JUDGED_REQUESTS,
     Stability,
@@ -47,6 +49,9 @@ from sim.metrics import (
 )
 from sim.run import RunOutput
 from sim.scenario import Scenario
+
+if TYPE_CHECKING:
+    from sim.frame import Table
 
 VERSION = "0.1.0"
 
@@ -204,7 +209,7 @@ def stopped_section(stopped_early: dict[str, Any] | None) -> dict[str, Any]:
     return {} if stopped_early is None else {"stopped_early": stopped_early}
 
 
-def economics_section(sc: Scenario, rt: ReplicaRuntime, req: pd.DataFrame, *, replicas_mean: float,
+def economics_section(sc: Scenario, rt: ReplicaRuntime, req: Table, *, replicas_mean: float,
                       throughput_tok_s: float, gpus: int, usd_per_gpu_hour: float) -> dict[str, Any]:
     """Quality per class and overall, and cost per million output tokens (with retraining).
     `gpus`, `usd_per_gpu_hour`: the rack's billed GPUs (idle ones too) and their mean price
@@ -214,7 +219,7 @@ def economics_section(sc: Scenario, rt: ReplicaRuntime, req: pd.DataFrame, *, re
         q_in, q_tail = rt.retraining.effective_quality(q_in), rt.retraining.effective_quality(q_tail)
     out: dict[str, Any] = {"quality_in_distribution": q_in, "quality_tail": q_tail}
     per_class = {}
-    counts = np.bincount(req.cls.to_numpy(), minlength=len(sc.workload.classes)) if len(req) else np.zeros(1)
+    counts = np.bincount(column(req, "cls"), minlength=len(sc.workload.classes)) if len(req) else np.zeros(1)
     total = 0.0
     for i, c in enumerate(sc.workload.classes):
         q = q_tail if c.tail else q_in
@@ -249,10 +254,15 @@ def deployment_section(rt: ReplicaRuntime) -> dict[str, Any]:
 
 
 def versions() -> dict[str, str]:
-    import scipy  # (heavy: loaded only when a summary is made)
+    """The versions a run ran with (scipy and pandas read from their metadata: a run imports neither)."""
+    return dict(_versions())
 
+
+@functools.cache
+def _versions() -> dict[str, str]:
     return {"specrack": VERSION, "python": platform.python_version(), "numpy": np.__version__,
-            "simpy": simpy.__version__, "scipy": scipy.__version__, "pandas": pd.__version__}
+            "simpy": simpy.__version__, "scipy": importlib.metadata.version("scipy"),
+            "pandas": importlib.metadata.version("pandas")}
 
 
 def provenance_section(sc: Scenario, seed: int) -> dict[str, Any]:

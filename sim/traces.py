@@ -13,11 +13,14 @@ import io
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from models.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FORMATS = ("azure", "mooncake", "csv")
 _HEADERS = {
@@ -48,6 +51,8 @@ def _raise_first(name: str, bad: list[tuple[int, str]]) -> None:
 
 def _tokens(values: pd.Series, lines: np.ndarray, field: str, bad: list[tuple[int, str]]) -> np.ndarray:
     """Validate token counts given as text: integers >= 1 (an empty prompt or output is not a request)."""
+    import pandas as pd  # (heavy: only a trace needs it)
+
     text = values.astype(str).str.strip()
     digits = text.str.fullmatch(r"\+?\d{1,18}")
     nums = pd.to_numeric(text.where(digits, "0")).to_numpy(np.int64)
@@ -61,6 +66,8 @@ def _tokens(values: pd.Series, lines: np.ndarray, field: str, bad: list[tuple[in
 
 def _seconds(values: pd.Series, lines: np.ndarray, field: str, scale: float, bad: list[tuple[int, str]]) -> np.ndarray:
     """Validate numeric times (any finite number) and convert them to seconds."""
+    import pandas as pd  # (heavy: only a trace needs it)
+
     nums = pd.to_numeric(values.astype(str).str.strip(), errors="coerce").to_numpy(np.float64)
     ok = np.isfinite(nums) & values.map(lambda v: not isinstance(v, bool)).to_numpy(bool)
     if not ok.all():
@@ -71,6 +78,8 @@ def _seconds(values: pd.Series, lines: np.ndarray, field: str, scale: float, bad
 
 def _azure_seconds(values: pd.Series, lines: np.ndarray, bad: list[tuple[int, str]]) -> np.ndarray:
     """Parse 'YYYY-MM-DD HH:MM:SS.fffffff' exactly (7 fractional digits defeat %f) into seconds, vectorised."""
+    import pandas as pd  # (heavy: only a trace needs it)
+
     parts = values.astype(str).str.strip().str.extract(f"^{_AZURE_TS}$")
     base = pd.to_datetime(parts[0], format="%Y-%m-%d %H:%M:%S", errors="coerce")
     ok = base.notna().to_numpy(bool)
@@ -86,6 +95,8 @@ def _azure_seconds(values: pd.Series, lines: np.ndarray, bad: list[tuple[int, st
 
 def _read_csv(path: Path, name: str, fmt: str) -> pd.DataFrame:
     """Read an Azure or plain CSV trace, keeping each row's 1-based line number in the file."""
+    import pandas as pd  # (heavy: only a trace needs it)
+
     try:
         raw = path.read_text(encoding="utf-8-sig").splitlines()
     except UnicodeDecodeError as exc:
@@ -123,6 +134,8 @@ def _read_csv(path: Path, name: str, fmt: str) -> pd.DataFrame:
 
 def _read_mooncake(path: Path, name: str) -> pd.DataFrame:
     """Read a Mooncake JSONL trace (timestamp in ms, hash_ids = 512-token prefix-block hashes)."""
+    import pandas as pd  # (heavy: only a trace needs it)
+
     rows: list[dict] = []
     lines: list[int] = []
     with path.open("rb") as fh:

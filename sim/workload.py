@@ -23,10 +23,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from models.errors import ConfigError
 from models.memory import BLOCK_SIZE
+from sim.frame import Frame, column, object_column
 from sim.scenario import (
     MAX_REQUESTS,
     Conversations,
@@ -281,15 +281,16 @@ def conversation_units(prompt: np.ndarray, output: np.ndarray, conv: np.ndarray,
     return keys, [np.ones(k.size, dtype=np.int64) for k in keys]
 
 
-def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | None = None) -> pd.DataFrame:
+def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | None = None) -> Frame:
     """The request table: id, arrival_s, prompt_tokens, output_tokens, cls, accept_q (and think_s
     for a closed loop with think times).
 
     `rate_rps` is the offered rate (None keeps a trace's own timing; ignored by a closed loop).
     A closed loop holds `num_requests` requests, or `pool` when sized by duration_s (the run
     sends from it until duration_s); with a trace, its requests' lengths in order, at most that many.
-    `table.attrs["runs_out"]`: whether the arrivals end with the table's (num_requests, or a
-    trace that ends before duration_s) rather than at duration_s."""
+    A Frame (`sim.frame`; `.to_pandas()` for a DataFrame). `table.attrs["runs_out"]`: whether
+    the arrivals end with the table's (num_requests, or a trace that ends before duration_s)
+    rather than at duration_s."""
     rs = streams(seed)
     n = wl.num_requests
     units: tuple[list[np.ndarray], list[np.ndarray]] | None = None
@@ -319,10 +320,10 @@ def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | Non
             within = df.arrival_s < wl.duration_s
             runs_out = bool(within.all())
             df = df[within]
-        arrival = df.arrival_s.to_numpy(np.float64) if not wl.closed else np.full(len(df), np.nan)
-        prompt = df.prompt_tokens.to_numpy(np.int64)
-        output = df.output_tokens.to_numpy(np.int64)
-        trace_line = df.line.to_numpy(np.int64)
+        arrival = column(df, "arrival_s", np.float64) if not wl.closed else np.full(len(df), np.nan)
+        prompt = column(df, "prompt_tokens", np.int64)
+        output = column(df, "output_tokens", np.int64)
+        trace_line = column(df, "line", np.int64)
         if "hash_ids" in df.columns and (df.hash_ids.str.len() > 0).any():  # Mooncake's prefix-block hashes
             units = hash_units(df.hash_ids.to_list(), prompt, BLOCK_SIZE)
     elif wl.conversations is not None:
@@ -357,7 +358,7 @@ def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | Non
     shares = np.array([c.share for c in wl.classes])
     cls = rs["classes"].choice(len(shares), size=m, p=shares / shares.sum()) if len(shares) > 1 else np.zeros(m, np.int64)
     accept_q = rs["acceptance"].random(m)
-    table = pd.DataFrame({
+    table = Frame({
         "id": np.arange(m, dtype=np.int64),
         "arrival_s": arrival,
         "prompt_tokens": prompt,
@@ -373,7 +374,7 @@ def generate(wl: Workload, seed: int, rate_rps: float | None, *, pool: int | Non
         table["conversation"] = conv_id
         table["turn"] = turn
     if units is not None:
-        table["unit_keys"] = pd.Series(units[0], dtype=object)
-        table["unit_blocks"] = pd.Series(units[1], dtype=object)
+        table["unit_keys"] = object_column(units[0])
+        table["unit_blocks"] = object_column(units[1])
     table.attrs["runs_out"] = runs_out
     return table

@@ -77,9 +77,9 @@ def test_think_times_have_their_own_stream_and_leave_the_others_alone(make_scena
                                                                  "acceptance", "engine")
     old = [np.random.default_rng(c).random() for c in np.random.SeedSequence(7).spawn(7)]
     assert [streams(7)[name].random() for name in STREAMS[:7]] == old
-    plain = generate(_closed(make_scenario, concurrency=4, num_requests=300).workload, 3, None)
+    plain = generate(_closed(make_scenario, concurrency=4, num_requests=300).workload, 3, None).to_pandas()
     thinking = generate(_closed(make_scenario, concurrency=4, num_requests=300,
-                                think_time_s={"dist": "exponential", "mean": 2.0}).workload, 3, None)
+                                think_time_s={"dist": "exponential", "mean": 2.0}).workload, 3, None).to_pandas()
     pd.testing.assert_frame_equal(plain, thinking.drop(columns="think_s"))
     assert plain.arrival_s.isna().all()  # nothing arrives before the run: the clients send
     assert thinking.think_s.mean() == pytest.approx(2.0, rel=0.15)
@@ -184,7 +184,7 @@ def test_max_concurrency_gate(make_scenario, rate) -> None:
     sc = make_scenario(workload={"rate_rps": rate, "duration_s": 240.0, "warmup_s": 20.0, "max_concurrency": n, **LENGTHS})
     res = simulate(sc, 1)
     req = res.requests
-    due = generate(sc.workload, 1, rate).set_index("id").arrival_s.reindex(req.id).to_numpy()
+    due = generate(sc.workload, 1, rate).to_pandas().set_index("id").arrival_s.reindex(req.id).to_numpy()
     sent = req.arrival_s.to_numpy()
     assert (sent >= due - 1e-12).all()
     events = np.unique(np.concatenate([sent, req.completion_s.to_numpy()]))

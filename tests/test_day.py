@@ -81,7 +81,7 @@ def test_nhpp_counts_per_interval_match_the_integrated_rate(tmp_path: Path) -> N
         chi2 = 0.0
         dof = 0
         for seed in range(20):
-            t = generate(sc.workload, seed, None).arrival_s.to_numpy()
+            t = generate(sc.workload, seed, None).to_pandas().arrival_s.to_numpy()
             assert (np.diff(t) >= 0).all() and t.min() >= 0 and t.max() < 600.0
             counts = np.histogram(t, bins=edges)[0]
             pos = expected > 0
@@ -93,9 +93,9 @@ def test_nhpp_counts_per_interval_match_the_integrated_rate(tmp_path: Path) -> N
 
 
 def test_same_seed_same_day_and_strategies_share_arrivals() -> None:
-    a = generate(scenario_from_dict(_day(10, 2)).workload, 3, None)
+    a = generate(scenario_from_dict(_day(10, 2)).workload, 3, None).to_pandas()
     b = generate(scenario_from_dict(_day(10, 2, speculative={"method": "draft_model",
-                                                             "draft_model": "llama-3.2-1b"})).workload, 3, None)
+                                                             "draft_model": "llama-3.2-1b"})).workload, 3, None).to_pandas()
     pd.testing.assert_frame_equal(a, b)
 
 

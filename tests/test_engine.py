@@ -123,7 +123,7 @@ def test_invariants_on_random_workloads(w, make_scenario, time_limit):
     rt = _shrink_kv(build_runtime(sc), w["num_blocks"])
     with time_limit(20):
         out = run_table(sc, rt, w["table"], seed=5, backlog_limit=10**6)
-        req, steps, truncated = out.requests, out.steps, out.truncated
+        req, steps, truncated = out.requests.to_pandas(), out.steps.to_pandas(), out.truncated
     assert not truncated
     check_invariants(req, steps, rt, w["table"])
     if w["spec"] is not None and w["spec"].get("policy", "fixed") == "fixed":
@@ -144,12 +144,12 @@ def test_full_kv_preempts_and_finishes(make_scenario, time_limit):
         sim={"drain_s": 1e5},
     )
     rt = _shrink_kv(build_runtime(sc), 120)  # 1920 tokens for up to 32 sequences
-    table = generate(sc.workload, 2, 20.0)
+    table = generate(sc.workload, 2, 20.0).to_pandas()
     table = table[table.prompt_tokens + table.output_tokens <= rt.max_model_len].reset_index(drop=True)
     t0 = time.perf_counter()
     with time_limit(30):
         out = run_table(sc, rt, table, seed=2, backlog_limit=10**6)
-        req, steps, truncated = out.requests, out.steps, out.truncated
+        req, steps, truncated = out.requests.to_pandas(), out.steps.to_pandas(), out.truncated
     assert time.perf_counter() - t0 < 30
     assert not truncated
     check_invariants(req, steps, rt, table)
@@ -226,7 +226,7 @@ def test_a_run_ends_at_the_instant_of_its_last_completion(one_slot, arrival, out
     there, whichever event was scheduled first (and however early the checks start)."""
     sc, rt = one_slot(1)
     out = run_table(sc, rt, _table(arrival, [10] * len(arrival), output), seed=1)
-    req, truncated, t_end = out.requests, out.truncated, out.horizon_s
+    req, truncated, t_end = out.requests.to_pandas(), out.truncated, out.horizon_s
     assert not truncated
     last = float(req.completion_s.max())
     assert last == int(last) and t_end == last
@@ -237,7 +237,7 @@ def test_hand_checked_step_log(one_slot):
     sc, rt = one_slot(1)
     table = _table([0.0, 1.0, 1.5], [10, 10, 10], [1, 1, 1])
     out = run_table(sc, rt, table, seed=1)
-    req, steps, truncated = out.requests, out.steps, out.truncated
+    req, steps, truncated = out.requests.to_pandas(), out.steps.to_pandas(), out.truncated
     assert not truncated
     assert steps.start_s.tolist() == [0.0, 1.0, 2.0]
     assert steps.duration_s.tolist() == [1.0, 1.0, 1.0]
@@ -259,7 +259,7 @@ def test_arrival_at_step_end_joins_the_next_step(one_slot):
     sc, rt = one_slot(2)
     table = _table([0.0, 1.0], [10, 10], [2, 1])
     out = run_table(sc, rt, table, seed=1)
-    req, steps = out.requests, out.steps
+    req, steps = out.requests.to_pandas(), out.steps.to_pandas()
     assert steps.start_s.tolist() == [0.0, 1.0]
     assert steps.batch_size.tolist() == [1, 2]
     assert steps.decode_seqs.tolist() == [0, 1]
@@ -274,7 +274,7 @@ def test_same_instant_arrivals_are_fcfs(one_slot):
     sc, rt = one_slot(1)
     table = _table([0.0, 0.0, 0.0], [10, 10, 10], [1, 1, 1])
     out = run_table(sc, rt, table, seed=1)
-    req, steps = out.requests, out.steps
+    req, steps = out.requests.to_pandas(), out.steps.to_pandas()
     assert req.first_token_s.tolist() == [1.0, 2.0, 3.0]
     assert req.scheduled_s.tolist() == steps.start_s.tolist() == [0.0, 1.0, 2.0]
 

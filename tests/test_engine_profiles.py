@@ -89,7 +89,7 @@ def test_whole_prompts_without_chunked_prefill(make_scenario) -> None:
 
 def test_multi_step_scheduling_runs_decodes_in_groups(make_scenario) -> None:
     _, res = _run(make_scenario, "vllm-0.6", rate=4.0, scheduler_steps=4)
-    is_dec = (expand_steps(res.steps).decode_seqs > 0).to_numpy()  # one row per step (fused runs expanded)
+    is_dec = (expand_steps(res.steps).to_pandas().decode_seqs > 0).to_numpy()  # one row per step (fused runs expanded)
     runs, n = [], 0
     for d in is_dec:
         if d:
@@ -104,7 +104,7 @@ def test_multi_step_scheduling_runs_decodes_in_groups(make_scenario) -> None:
 
 def test_itl_counts_the_prefill_steps_a_decode_waited_through(make_scenario) -> None:
     _, sep = _run(make_scenario, "vllm-0.6", rate=4.0)
-    steps = expand_steps(sep.steps)  # one row per step (fused runs expanded)
+    steps = expand_steps(sep.steps).to_pandas()  # one row per step (fused runs expanded)
     dec = steps[steps.decode_seqs > 0]
     assert (dec.chunk_gap_s >= dec.duration_s - 1e-15).all()
     assert (dec.chunk_gap_s > dec.duration_s * 1.5).sum() > 10  # some decodes waited through prefills
@@ -113,7 +113,7 @@ def test_itl_counts_the_prefill_steps_a_decode_waited_through(make_scenario) -> 
     pre_only = steps[(steps.decode_seqs == 0)].duration_s.sum()
     assert 0 < stalled <= pre_only + 1e-9
     _, mixed = _run(make_scenario, "vllm-v1", rate=4.0)
-    d = expand_steps(mixed.steps)
+    d = expand_steps(mixed.steps).to_pandas()
     d = d[d.decode_seqs > 0]
     assert (d.chunk_gap_s == d.duration_s).all()
     assert sep.summary["itl_s"]["p99"] > sep.summary["tpot_s"]["p99"]

@@ -49,7 +49,7 @@ def _same_steps(unfused: pd.DataFrame, fused: pd.DataFrame) -> None:
     assert (unfused["count"] == 1).all()
     assert (fused["count"] >= 1).all() and (fused["duration_s"] > 0).all(), "an empty run-length row"
     assert int(fused["count"].sum()) == len(unfused)
-    e = expand_steps(fused)
+    e = expand_steps(fused).to_pandas()
     key = ["replica", "start_s"]
     u = unfused.sort_values(key, kind="stable").reset_index(drop=True)
     e = e.sort_values(key, kind="stable").reset_index(drop=True)
@@ -212,8 +212,8 @@ def test_fused_equals_unfused_on_a_trace_like_table(make_scenario) -> None:
         for fuse in (True, False):
             s = sc.with_overrides({"sim.fuse_steps": fuse})
             res[fuse] = run_table(s, build_runtime(s), table, 1, **kw)
-        _same_requests(res[False].requests, res[True].requests)
-        _same_steps(res[False].steps, res[True].steps)
+        _same_requests(res[False].requests.to_pandas(), res[True].requests.to_pandas())
+        _same_steps(res[False].steps.to_pandas(), res[True].steps.to_pandas())
         assert res[False].horizon_s == pytest.approx(res[True].horizon_s, rel=RTOL)
 
 
@@ -589,7 +589,7 @@ def test_speculative_step_costs_of_a_run_are_the_ordinary_steps_bit_for_bit(make
 
 def _segment_columns(seg: Any) -> dict[str, Any]:
     """A speculative segment's figures over its own steps (arrays may run past them)."""
-    st = seg.steps
+    st = seg.steps.to_pandas()
     out: dict[str, Any] = {}
     for f in seg._fields:
         v = getattr(seg, f)
@@ -658,7 +658,7 @@ def test_speculative_fusion_agrees_statistically(make_scenario, spec: dict[str, 
                 per[fuse][f"itl_p{p}"].append(res.summary["itl_s"][f"p{p}"])
             r = res.requests
             per[fuse]["tokens_per_verify"].append(1.0 + r.draft_accepted.sum() / r.verify_steps.sum())
-            lat = request_latencies(r)
+            lat = request_latencies(r).to_pandas()
             for k in ("ttft_s", "tpot_s", "e2e_s"):
                 pooled[fuse][k].append(lat[k].dropna().to_numpy())
     for k in per[True]:
@@ -871,9 +871,9 @@ def test_fused_equals_unfused_at_a_backlog_stop_while_another_replica_preempts(m
         s = sc.with_overrides({"sim.fuse_steps": fuse})
         res[fuse] = run_table(s, build_runtime(s), table, 1, backlog_limit=8)
     assert res[False].truncated and res[True].truncated  # both stopped by the backlog
-    assert int(res[False].requests.preemptions.sum()) > 0
-    _same_requests(res[False].requests, res[True].requests)
-    _same_steps(res[False].steps, res[True].steps)
+    assert int(res[False].requests.to_pandas().preemptions.sum()) > 0
+    _same_requests(res[False].requests.to_pandas(), res[True].requests.to_pandas())
+    _same_steps(res[False].steps.to_pandas(), res[True].steps.to_pandas())
 
 
 @pytest.mark.parametrize("spec", [None, _DRAFT], ids=["plain", "draft"])

@@ -98,7 +98,7 @@ def test_evicted_prefix_loads_back_and_its_step_waits_for_it(make_scenario) -> N
     sc = make_scenario(sim={"drain_s": 100.0}, deployment={"host_kv_gib": 1.0})
     rt = _sized(build_runtime(sc), 20)
     out = run_table(sc, rt, _evicting_trace(), 1)
-    req, steps = out.requests, out.steps
+    req, steps = out.requests.to_pandas(), out.steps.to_pandas()
     assert req.cached_tokens.tolist() == [0, 0, 64] and req.host_cached_tokens.tolist() == [0, 0, 48]
     assert req.prefill_computed_tokens.tolist() == [70, 300, 6]
     load_s = 3 * BLOCK_BYTES_GPU / H100_HOST_LINK  # 61.44 us
@@ -114,8 +114,8 @@ def test_evicted_prefix_loads_back_and_its_step_waits_for_it(make_scenario) -> N
     # without a tier: a1 only, 54 tokens computed, no load
     base = make_scenario(sim={"drain_s": 100.0})
     off = run_table(base, _sized(build_runtime(base), 20), _evicting_trace(), 1)
-    assert off.requests.cached_tokens.tolist() == [0, 0, 16] and "host_cached_tokens" not in off.requests
-    assert off.steps.prefill_tokens.tolist() == [70.0, 300.0, 54.0] and off.host_evicted_blocks is None
+    assert off.requests.to_pandas().cached_tokens.tolist() == [0, 0, 16] and "host_cached_tokens" not in off.requests.to_pandas()
+    assert off.steps.to_pandas().prefill_tokens.tolist() == [70.0, 300.0, 54.0] and off.host_evicted_blocks is None
 
 
 def test_a_small_tier_drops_its_least_recent_units(make_scenario) -> None:
@@ -123,12 +123,12 @@ def test_a_small_tier_drops_its_least_recent_units(make_scenario) -> None:
     and a3 and computes a4's block and the partial one (22 tokens)."""
     sc = make_scenario(sim={"drain_s": 100.0}, deployment={"host_kv_gib": 1.0})
     out = run_table(sc, _sized(build_runtime(sc), 20, host_blocks=2), _evicting_trace(), 1)
-    assert out.requests.host_cached_tokens.tolist() == [0, 0, 32]
-    assert out.requests.prefill_computed_tokens.tolist() == [70, 300, 22]
+    assert out.requests.to_pandas().host_cached_tokens.tolist() == [0, 0, 32]
+    assert out.requests.to_pandas().prefill_computed_tokens.tolist() == [70, 300, 22]
     # a4 dropped while C ran (1); D then takes 5 blocks (a1's, 2 loaded, 2 for its 22 tokens) of the
     # 20 free, 18 of them C's cached units: 3 go, tail first (c18, c17, c16), each into the full
     # tier, which drops a2, a3 (loaded, still its least recent) and then c18: 4 blocks in all
-    assert out.host_evicted_blocks == 4 and list(out.requests.prefill_tokens) == [70, 300, 70]
+    assert out.host_evicted_blocks == 4 and list(out.requests.to_pandas().prefill_tokens) == [70, 300, 70]
 
 
 def test_a_tier_never_written_changes_nothing(make_scenario) -> None:
@@ -138,9 +138,9 @@ def test_a_tier_never_written_changes_nothing(make_scenario) -> None:
     tier = make_scenario(sim={"drain_s": 100.0}, deployment={"host_kv_gib": 64.0})
     a = run_table(base, build_runtime(base), _table(rows), 1)
     b = run_table(tier, build_runtime(tier), _table(rows), 1)
-    pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
-    pd.testing.assert_frame_equal(a.requests, b.requests.drop(columns="host_cached_tokens"), check_exact=True)
-    assert (b.requests.host_cached_tokens == 0).all() and b.host_evicted_blocks == 0
+    pd.testing.assert_frame_equal(a.steps.to_pandas(), b.steps.to_pandas(), check_exact=True)
+    pd.testing.assert_frame_equal(a.requests.to_pandas(), b.requests.to_pandas().drop(columns="host_cached_tokens"), check_exact=True)
+    assert (b.requests.to_pandas().host_cached_tokens == 0).all() and b.host_evicted_blocks == 0
 
 
 def test_fused_runs_with_a_tier_are_the_unfused_engine(make_scenario) -> None:
@@ -202,7 +202,7 @@ def test_hits_never_exceed_the_hash_arithmetic_and_an_unlimited_tier_reaches_it(
     want = _bound(rows)
     sc = make_scenario(sim={"drain_s": 100.0}, deployment={"host_kv_gib": 1.0})
     out = run_table(sc, _sized(build_runtime(sc), 40, host_blocks), _table(rows), 1)
-    req = out.requests
+    req = out.requests.to_pandas()
     got = req.cached_tokens.to_numpy()
     host = req.host_cached_tokens.to_numpy() if host_blocks else np.zeros_like(got)  # (no tier: no column)
     assert (got <= want).all() and (host <= got).all()
@@ -289,7 +289,7 @@ def test_mooncake_one_at_a_time_with_a_host_tier(make_scenario) -> None:
         rt = build_runtime(sc)
         if gib is None:
             rt = dataclasses.replace(rt, host_kv_blocks=10**9)
-        req = run_table(sc, rt, generate(sc.workload, 1, None), 1, concurrency=1).requests
+        req = run_table(sc, rt, generate(sc.workload, 1, None).to_pandas(), 1, concurrency=1).requests.to_pandas()
         got = req.cached_tokens.to_numpy()
         hits[gib] = (got, req.host_cached_tokens.to_numpy() if gib != 0.0 else np.zeros_like(got))
     for got, host in hits.values():

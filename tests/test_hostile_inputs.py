@@ -190,7 +190,7 @@ def test_check_fits_at_run_time() -> None:
 def test_huge_rate_from_utilisation_is_refused() -> None:
     sc = load_scenario(EXAMPLE, {"workload.duration_s": 600})
     with pytest.raises(ConfigError, match="10,000,000"):
-        generate(sc.workload, 1, 1e9)
+        generate(sc.workload, 1, 1e9).to_pandas()
 
 
 # ----------------------------------------------------------------------------- traces

@@ -1,5 +1,5 @@
 """What a plain run costs: `import specrack` and `specrack --help` load no heavy library, a run
-loads neither plotly nor scipy.stats, measures its capacity only when its output needs it, keeps
+loads neither pandas nor plotly nor scipy.stats, measures its capacity only when its output needs it, keeps
 it in the capacity cache (reused by the next process, keyed by everything it depends on) and
 writes the interval chart only on request (docs/PERFORMANCE.md, "What a run costs")."""
 
@@ -42,12 +42,21 @@ def test_import_specrack_and_help_load_no_heavy_library() -> None:
     assert "experiments.commands.run" not in _modules_after("import specrack")
 
 
-def test_a_run_loads_neither_plotly_nor_scipy_stats(tmp_path: Path) -> None:
-    code = f"from experiments.cli import main\nassert main(['run', {str(REFERENCE)!r}, '--out', {str(tmp_path)!r}, *{SMALL!r}]) == 0"
-    mods = _modules_after(code)
-    assert "sim.simulate" in mods  # (it ran)
-    assert not {m for m in mods if m.startswith(("plotly", "scipy.stats"))}
-    assert not (tmp_path / "intervals.html").exists()
+def test_a_run_loads_neither_pandas_nor_plotly_nor_scipy_stats(tmp_path: Path) -> None:
+    # (its tables are numpy columns, `sim.frame.Frame`, written by pyarrow; pandas is a third of the process)
+    for i, extra in enumerate(([], ["--capacity", "--no-cache"])):
+        out = tmp_path / str(i)
+        code = (f"from experiments.cli import main\n"
+                f"assert main(['run', {str(REFERENCE)!r}, '--out', {str(out)!r}, *{[*SMALL, *extra]!r}]) == 0")
+        mods = _modules_after(code)
+        assert "sim.simulate" in mods and (out / "requests.parquet").exists()  # (it ran)
+        assert not {m for m in mods if m.startswith(("plotly", "scipy.stats", "pandas"))}, extra
+        assert not (out / "intervals.html").exists()
+    # the user's DataFrames are made when asked for
+    mods = _modules_after(f"from sim.simulate import simulate\nfrom sim.scenario import load_scenario\n"
+                          f"res = simulate(load_scenario({str(REFERENCE)!r}, {{'workload.num_requests': 50}}))\n"
+                          f"assert len(res.requests) == 50")
+    assert "pandas" in mods
 
 
 def test_capacity_only_when_asked_and_cached_between_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -252,7 +252,7 @@ def test_a_trace_plan_simulates_the_window_it_claims(tmp_path: Path, window: str
     sc = scenario_for(spec.base, builtin_strategies()["baseline"], "h100-sxm", spec.prices, 1, spec.rate_rps, traffic=tr)
     wl = sc.workload
     trace = np.loadtxt(tmp_path / "trace.csv", delimiter=",", skiprows=1)[:, 0]
-    table = generate(wl, 1, sc.workload.rate_rps)
+    table = generate(wl, 1, sc.workload.rate_rps).to_pandas()
     start = wl.trace_start_s or 0.0
     in_window = trace[(trace >= start) & (trace < tr.hi_s)]
     assert len(table) == len(in_window)  # exactly the window (and its lead-in), nothing beyond it

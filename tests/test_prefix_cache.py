@@ -76,20 +76,20 @@ def test_second_request_computes_only_what_is_not_cached(make_scenario) -> None:
     rt = build_runtime(sc)
     table = _table([(0.0, 100, 1, [1, 2, 3, 4, 5, 6]), (1.0, 80, 1, [1, 2, 3, 7, 8])])
     out = run_table(sc, rt, table, 1)
-    req, steps = out.requests, out.steps
+    req, steps = out.requests.to_pandas(), out.steps.to_pandas()
     assert req.cached_tokens.tolist() == [0, 48] and req.prefill_computed_tokens.tolist() == [100, 32]
     assert steps.prefill_tokens.tolist() == [100.0, 32.0]
     pairs = 32 * 48 + 32 * 33 / 2.0  # new tokens x cached context + the causal triangle of the new ones
     assert steps.duration_s.iloc[1] == rt.cost.step_sums(1, 32.0, 48.0, pairs).total_s
     # without caching B computes all 80
     off = sc.with_overrides({"deployment.prefix_caching": False})
-    steps_off = run_table(off, build_runtime(off), table, 1).steps
+    steps_off = run_table(off, build_runtime(off), table, 1).steps.to_pandas()
     assert steps_off.prefill_tokens.tolist() == [100.0, 80.0]
 
 
 def test_a_fully_cached_prompt_still_computes_its_last_block(make_scenario) -> None:
     sc = make_scenario(sim={"drain_s": 100.0})
-    req = run_table(sc, build_runtime(sc), _table([(0.0, 64, 1, [1, 2, 3, 4]), (1.0, 64, 1, [1, 2, 3, 4])]), 1).requests
+    req = run_table(sc, build_runtime(sc), _table([(0.0, 64, 1, [1, 2, 3, 4]), (1.0, 64, 1, [1, 2, 3, 4])]), 1).requests.to_pandas()
     assert req.cached_tokens.tolist() == [0, 48] and req.prefill_computed_tokens.tolist() == [64, 16]
 
 
@@ -103,7 +103,7 @@ def test_eviction_is_lru_tail_first(make_scenario) -> None:
     a, b = [11, 12, 13, 14], [21, 22, 23, 24]
     table = _table([(0.0, 70, 1, a), (1.0, 70, 1, b), (2.0, 220, 1, list(range(31, 44))), (3.0, 70, 1, a),
                     (4.0, 70, 1, b)])
-    req = run_table(sc, rt, table, 1).requests
+    req = run_table(sc, rt, table, 1).requests.to_pandas()
     assert req.cached_tokens.tolist() == [0, 0, 0, 32, 32]
     assert (req.cached_tokens + req.prefill_computed_tokens == req.prompt_tokens).all()
 
@@ -169,8 +169,8 @@ def test_accounting_and_token_invariant_under_kv_pressure(make_scenario, monkeyp
                                  "output_tokens": {"dist": "lognormal", "median": 100, "p90": 300, "max": 600}},
                        sim={"drain_s": 1e4})
     rt = _with_pool(build_runtime(sc), 250)
-    table = generate(sc.workload, 1, 5.0)
-    req = run_table(sc, rt, table, 1).requests
+    table = generate(sc.workload, 1, 5.0).to_pandas()
+    req = run_table(sc, rt, table, 1).requests.to_pandas()
     assert req.completion_s.notna().all()
     assert req.preemptions.sum() > 0 and audit.checks > 100 and audit.max_evictable > 0
     assert (req.prefill_cached_tokens + req.prefill_computed_tokens == req.prefill_tokens).all()
@@ -186,13 +186,13 @@ def test_no_hashes_or_caching_off_is_todays_engine(make_scenario) -> None:
     """Units on the table with prefix_caching = false: the same tables as without units."""
     sc = make_scenario(deployment={"prefix_caching": False}, workload={"rate_rps": 3.0, "duration_s": 30.0,
                                                                          "conversations": CONV})
-    table = generate(sc.workload, 1, 3.0)
+    table = generate(sc.workload, 1, 3.0).to_pandas()
     rt = build_runtime(sc)
     with_units = run_table(sc, rt, table, 1)
     without = run_table(sc, rt, table.drop(columns=["unit_keys", "unit_blocks"]), 1)
-    pd.testing.assert_frame_equal(with_units.requests, without.requests)
-    pd.testing.assert_frame_equal(with_units.steps, without.steps)
-    assert "cached_tokens" not in with_units.requests and "cache_hit_rate" not in simulate(sc, 1).summary
+    pd.testing.assert_frame_equal(with_units.requests.to_pandas(), without.requests.to_pandas())
+    pd.testing.assert_frame_equal(with_units.steps.to_pandas(), without.steps.to_pandas())
+    assert "cached_tokens" not in with_units.requests.to_pandas() and "cache_hit_rate" not in simulate(sc, 1).summary
 
 
 # ----------------------------------------------------------------------------- conversations
@@ -220,13 +220,13 @@ def test_conversations_turns_grow_and_hit_the_previous_turn(make_scenario) -> No
 
 def test_conversation_rate_counts_every_turn(make_scenario) -> None:
     sc = make_scenario(workload={"rate_rps": 4.0, "duration_s": 2000.0, "conversations": CONV})
-    t = generate(sc.workload, 1, 4.0)
+    t = generate(sc.workload, 1, 4.0).to_pandas()
     assert np.all(np.diff(t.arrival_s) >= 0) and (t.arrival_s < 2000.0).all()
     assert len(t) / 2000.0 == pytest.approx(4.0, rel=0.06)  # turns past the end are cut: a little under
     assert "think" not in t and t.turn.max() == 4
     # sized by num_requests: the first that many turns by arrival of the first ceil(n / turns)
     # conversations, which are the longer run's first conversations (draws per conversation)
-    n = generate(make_scenario(workload={"rate_rps": 4.0, "num_requests": 50, "conversations": CONV}).workload, 1, 4.0)
+    n = generate(make_scenario(workload={"rate_rps": 4.0, "num_requests": 50, "conversations": CONV}).workload, 1, 4.0).to_pandas()
     assert len(n) == 50 and np.all(np.diff(n.arrival_s) >= 0) and n.conversation.max() == 12
     assert set(n.arrival_s) <= set(t.arrival_s) and set(n.prompt_tokens) <= set(t.prompt_tokens)
 
@@ -346,13 +346,13 @@ def test_mooncake_hits_equal_the_hash_arithmetic(make_scenario) -> None:
     sc = make_scenario(workload={"arrival": "closed", "concurrency": 1, "trace": str(MOONCAKE), "num_requests": n,
                                  "rate_rps": None, "warmup_s": 0.0})
     rt = build_runtime(sc)
-    table = generate(sc.workload, 1, None)
+    table = generate(sc.workload, 1, None).to_pandas()
     unbounded = dataclasses.replace(rt, plan=dataclasses.replace(rt.plan, num_blocks=10**9))
-    req = run_table(sc, unbounded, table, 1, concurrency=1).requests
+    req = run_table(sc, unbounded, table, 1, concurrency=1).requests.to_pandas()
     want = _arithmetic(n)
     assert want.sum() > 0.05 * req.prompt_tokens.sum()
     np.testing.assert_array_equal(req.cached_tokens.to_numpy(), want)
-    bounded = run_table(sc, rt, table, 1, concurrency=1).requests
+    bounded = run_table(sc, rt, table, 1, concurrency=1).requests.to_pandas()
     assert bounded.cached_tokens.sum() < 0.9 * want.sum()
     assert (bounded.prefill_cached_tokens + bounded.prefill_computed_tokens == bounded.prefill_tokens).all()
 
@@ -367,9 +367,9 @@ def test_mooncake_open_loop_replay_against_the_arithmetic(make_scenario) -> None
                        workload={"arrival": "trace", "trace": str(MOONCAKE), "trace_end_s": 300.0, "rate_rps": 1.0,
                                  "duration_s": 1000.0})
     rt = build_runtime(sc)
-    table = generate(sc.workload, 1, 1.0)
+    table = generate(sc.workload, 1, 1.0).to_pandas()
     unbounded = dataclasses.replace(rt, plan=dataclasses.replace(rt.plan, num_blocks=10**9))
-    req = run_table(sc, unbounded, table, 1).requests
+    req = run_table(sc, unbounded, table, 1).requests.to_pandas()
     want = _arithmetic(len(req))
     got = req.cached_tokens.to_numpy()
     assert (got <= want).all() and got.sum() == pytest.approx(want.sum(), rel=0.01) and got.sum() < want.sum()
@@ -411,7 +411,7 @@ def test_bundled_mooncake_scenario_validates() -> None:
     sc = load_scenario(MOONCAKE_SCENARIO, {"workload.trace_end_s": 60.0, "workload.duration_s": 60.0,
                                            "workload.warmup_s": 0.0})
     assert sc.deployment.prefix_caching and sc.deployment.router == "prefix_affinity"
-    assert "unit_keys" in generate(sc.workload, 1, None)
+    assert "unit_keys" in generate(sc.workload, 1, None).to_pandas()
 
 
 def test_bundled_mooncake_scenario_without_the_trace_is_one_line(tmp_path, capsys) -> None:

@@ -48,10 +48,10 @@ def single_server(make_scenario):
 
 def _run(sc, rt, rate: float, dist: str, seed: int):
     cost = ServiceTimeCost(rt.cost, SERVICE_S, dist, np.random.default_rng([seed, 7]))
-    table = generate(sc.workload, seed, rate)
+    table = generate(sc.workload, seed, rate).to_pandas()
     out = run_table(sc, dataclasses.replace(rt, cost=cost), table, seed,
                     backlog_limit=NO_BACKLOG_LIMIT)
-    req, steps, truncated = out.requests, out.steps, out.truncated
+    req, steps, truncated = out.requests.to_pandas(), out.steps.to_pandas(), out.truncated
     assert not truncated
     assert req.completion_s.notna().all()
     return table, req, steps

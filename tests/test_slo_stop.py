@@ -64,7 +64,7 @@ def test_the_watch_never_fires_on_a_run_that_meets_its_percentile(seed: int) -> 
         w = SloWatch(arrival, out, warmup_s=warm, end_s=end, targets=targets)
         req = pd.DataFrame({"arrival_s": arrival, "first_token_s": first, "completion_s": done, "output_tokens": out,
                             "scheduled_s": arrival})
-        lat = request_latencies(req)[(arrival >= warm) & (arrival < end)]
+        lat = request_latencies(req).to_pandas()[(arrival >= warm) & (arrival < end)]
         s = {f"{m}_s": {f"p{p}": float(np.percentile(lat[f"{m}_s"].dropna(), p)) for p in (50, 90, 95, 99)}
              for m in ("ttft", "tpot", "e2e")}
         checks = slo_checks(s, targets)

@@ -229,7 +229,7 @@ def test_adaptive_k0_is_baseline_plus_machinery_overhead() -> None:
     base = _one_slot(None, prompt=P, output=64, num_requests=5, rate_rps=1.0)
     adaptive = base.with_overrides({"speculative": {**DRAFT, "num_speculative_tokens": 0, "policy": "adaptive"}})
     # one row per step (the baseline's fused decode runs expanded)
-    sb, sa = expand_steps(simulate(base, seed=1).steps), expand_steps(simulate(adaptive, seed=1).steps)
+    sb, sa = expand_steps(simulate(base, seed=1).steps).to_pandas(), expand_steps(simulate(adaptive, seed=1).steps).to_pandas()
     assert (sa.k == 0).all()
     db, da = sb[sb.prefill_tokens == 0], sa[sa.prefill_tokens == 0]
     assert len(da) == len(db) == 5 * 63

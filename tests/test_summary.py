@@ -116,7 +116,7 @@ def test_a_utilisation_run_takes_its_capacity_as_an_input() -> None:
     assert store.capacities[capacity_key(sc)] is cap.baseline
     res = simulate(sc, 1, capacity=cap)
     assert res.summary["offered_rate_rps"] == 0.5 * cap.baseline.rps
-    assert isinstance(res.run, RunOutput) and res.run.requests is res.requests and res.run.fleet is None
+    assert isinstance(res.run, RunOutput) and res.run.requests is res.request_table and res.run.fleet is None
     front = specrack.simulate(sc, 1, store=store)
     assert json.dumps(front.summary, default=float) == json.dumps(res.summary, default=float)
     # a load set as a rate needs none: nothing is measured

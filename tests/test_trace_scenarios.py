@@ -32,7 +32,7 @@ def test_trace_replay_keeps_its_own_timing_and_lengths(tmp_path: Path) -> None:
     trace = _azure(tmp_path / "t.csv")
     sc = load_scenario(EXAMPLE, {"workload.arrival": "trace", "workload.trace": str(trace), "workload.utilisation": None,
                                  "workload.duration_s": 90, "workload.warmup_s": 10})
-    table = generate(sc.workload, 1, None)
+    table = generate(sc.workload, 1, None).to_pandas()
     assert len(table) == 360  # arrivals in [0, 90) at 4 per second
     np.testing.assert_allclose(np.diff(table.arrival_s), 0.25, atol=1e-6)
     res = simulate(sc)
@@ -44,7 +44,7 @@ def test_trace_time_scaled_to_a_target_rate(tmp_path: Path) -> None:
     trace = _azure(tmp_path / "t.csv")
     sc = load_scenario(EXAMPLE, {"workload.arrival": "trace", "workload.trace": str(trace), "workload.rate_rps": 2.0,
                                  "workload.duration_s": 1000, "workload.warmup_s": 10})
-    table = generate(sc.workload, 1, 2.0)
+    table = generate(sc.workload, 1, 2.0).to_pandas()
     assert len(table) == 400
     rate = (len(table) - 1) / (table.arrival_s.iloc[-1] - table.arrival_s.iloc[0])
     assert rate == pytest.approx(2.0, rel=1e-9)
@@ -55,7 +55,7 @@ def test_empirical_lengths_from_a_trace(tmp_path: Path) -> None:
     emp = {"dist": "empirical", "trace": str(trace)}
     sc = load_scenario(EXAMPLE, {"workload.prompt_tokens": emp, "workload.output_tokens": emp,
                                  "workload.num_requests": 3000, "workload.rate_rps": 1.0})
-    table = generate(sc.workload, 1, 1.0)
+    table = generate(sc.workload, 1, 1.0).to_pandas()
     from sim.traces import load_trace
 
     src = load_trace(trace)

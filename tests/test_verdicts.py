@@ -142,9 +142,9 @@ def test_closed_loop_holds_the_population_and_obeys_the_response_time_law(make_s
                                  "prompt_tokens": {"dist": "fixed", "value": 256},
                                  "output_tokens": {"dist": "lognormal", "median": 64, "p90": 200}})
     rt = build_runtime(sc)
-    table = generate(sc.workload, 3, 1.0)
+    table = generate(sc.workload, 3, 1.0).to_pandas()
     think = np.random.default_rng(0).exponential(2.0, len(table))
-    req = run_table(sc, rt, table, 3, concurrency=16, think_s=think, horizon_s=1e9).requests
+    req = run_table(sc, rt, table, 3, concurrency=16, think_s=think, horizon_s=1e9).requests.to_pandas()
     assert req.completion_s.notna().all()
     a, c = req.arrival_s.to_numpy(), req.completion_s.to_numpy()
     t0, t1 = np.sort(c)[100], np.nanmax(a)
@@ -152,7 +152,7 @@ def test_closed_loop_holds_the_population_and_obeys_the_response_time_law(make_s
     x = inside.sum() / (t1 - t0)
     r = float((c - a)[inside].mean())
     assert x == pytest.approx(16 / (r + 2.0), rel=0.06)
-    req0 = run_table(sc, rt, table, 3, concurrency=16, horizon_s=1e9).requests
+    req0 = run_table(sc, rt, table, 3, concurrency=16, horizon_s=1e9).requests.to_pandas()
     a0, c0 = req0.arrival_s.to_numpy(), req0.completion_s.to_numpy()
     ts = np.linspace(1.0, float(np.nanmax(a0)) - 1e-6, 50)
     in_sys = (a0[None, :] <= ts[:, None]).sum(1) - (c0[None, :] <= ts[:, None]).sum(1)

@@ -23,7 +23,7 @@ def _wl(**kw) -> Workload:
 @pytest.mark.parametrize("rate", [0.5, 7.0, 250.0])
 def test_poisson_interarrival_mean(rate):
     n = 40_000
-    gaps = np.diff(generate(_wl(num_requests=n), seed=11, rate_rps=rate).arrival_s.to_numpy(), prepend=0.0)
+    gaps = np.diff(generate(_wl(num_requests=n), seed=11, rate_rps=rate).to_pandas().arrival_s.to_numpy(), prepend=0.0)
     assert (gaps > 0).all()
     se = gaps.std(ddof=1) / np.sqrt(n)
     assert abs(gaps.mean() - 1.0 / rate) < 4 * se
@@ -36,7 +36,7 @@ def test_poisson_count_over_duration():
     rate, dur = 20.0, 500.0
     counts = []
     for seed in range(10):
-        a = generate(_wl(duration_s=dur), seed=seed, rate_rps=rate).arrival_s.to_numpy()
+        a = generate(_wl(duration_s=dur), seed=seed, rate_rps=rate).to_pandas().arrival_s.to_numpy()
         assert (np.diff(a) > 0).all() and a[0] >= 0 and a[-1] < dur
         counts.append(a.size)
     mean = rate * dur
@@ -54,7 +54,7 @@ def test_poisson_arrivals_many_chunks():
 @pytest.mark.parametrize("cv", [0.5, 2.0, 4.0])
 def test_gamma_arrivals_rate_and_cv(cv):
     rate, n = 3.0, 60_000
-    gaps = np.diff(generate(_wl(arrival="gamma", cv=cv, num_requests=n), seed=5, rate_rps=rate).arrival_s.to_numpy(),
+    gaps = np.diff(generate(_wl(arrival="gamma", cv=cv, num_requests=n), seed=5, rate_rps=rate).to_pandas().arrival_s.to_numpy(),
                    prepend=0.0)
     se = gaps.std(ddof=1) / np.sqrt(n)
     assert abs(gaps.mean() - 1.0 / rate) < 4 * se
@@ -74,7 +74,7 @@ def test_lognormal_median_and_p90(median, p90):
     n = 50_000
     wl = _wl(num_requests=n, prompt_tokens={"dist": "lognormal", "median": median, "p90": p90, "max": 10**6},
              output_tokens={"dist": "lognormal", "median": median, "p90": p90, "max": 10**6})
-    t = generate(wl, seed=2, rate_rps=1.0)
+    t = generate(wl, seed=2, rate_rps=1.0).to_pandas()
     for col in ("prompt_tokens", "output_tokens"):
         x = t[col].to_numpy()
         assert x.dtype == np.int64 and x.min() >= 1
@@ -89,14 +89,14 @@ def test_lognormal_median_and_p90(median, p90):
 
 def test_lognormal_respects_max():
     wl = _wl(num_requests=20_000, prompt_tokens={"dist": "lognormal", "median": 1000, "p90": 5000, "max": 3000})
-    x = generate(wl, seed=1, rate_rps=1.0).prompt_tokens
+    x = generate(wl, seed=1, rate_rps=1.0).to_pandas().prompt_tokens
     assert x.max() == 3000 and x.min() >= 1
     # the mean capacity uses is that of the clipped lengths (1346; the unclipped lognormal's is 2200)
     assert x.mean() == pytest.approx(LengthSampler(wl.prompt_tokens).mean(), rel=0.02)
 
 
 def test_fixed_lengths():
-    t = generate(_wl(num_requests=100, prompt_tokens={"dist": "fixed", "value": 33}), seed=1, rate_rps=1.0)
+    t = generate(_wl(num_requests=100, prompt_tokens={"dist": "fixed", "value": 33}), seed=1, rate_rps=1.0).to_pandas()
     assert (t.prompt_tokens == 33).all() and (t.output_tokens == 8).all()
 
 
@@ -104,7 +104,7 @@ def test_class_shares():
     shares = (0.5, 0.3, 0.15, 0.05)
     n = 40_000
     wl = _wl(num_requests=n, classes=[{"name": f"c{i}", "share": s} for i, s in enumerate(shares)])
-    cls = generate(wl, seed=4, rate_rps=1.0).cls.to_numpy()
+    cls = generate(wl, seed=4, rate_rps=1.0).to_pandas().cls.to_numpy()
     counts = np.bincount(cls, minlength=len(shares))
     assert counts.size == len(shares)
     for i, p in enumerate(shares):
@@ -112,13 +112,13 @@ def test_class_shares():
 
 
 def test_table_schema_and_streams():
-    t = generate(_wl(num_requests=500), seed=1, rate_rps=2.0)
+    t = generate(_wl(num_requests=500), seed=1, rate_rps=2.0).to_pandas()
     assert list(t.columns) == ["id", "arrival_s", "prompt_tokens", "output_tokens", "cls", "accept_q"]
     np.testing.assert_array_equal(t.id, np.arange(500))
     assert t.accept_q.between(0, 1).all()
     # same seed, same table; another seed, other arrivals
-    pd.testing.assert_frame_equal(t, generate(_wl(num_requests=500), seed=1, rate_rps=2.0))
-    assert not np.array_equal(t.arrival_s, generate(_wl(num_requests=500), seed=2, rate_rps=2.0).arrival_s)
+    pd.testing.assert_frame_equal(t, generate(_wl(num_requests=500), seed=1, rate_rps=2.0).to_pandas())
+    assert not np.array_equal(t.arrival_s, generate(_wl(num_requests=500), seed=2, rate_rps=2.0).to_pandas().arrival_s)
     # the named streams are independent generators
     s = streams(1)
     draws = {name: g.random() for name, g in s.items()}
@@ -127,9 +127,9 @@ def test_table_schema_and_streams():
 
 def test_common_random_numbers_across_lengths():
     """Changing the length distributions leaves the arrivals and the class/acceptance draws alone."""
-    a = generate(_wl(num_requests=300), seed=8, rate_rps=3.0)
+    a = generate(_wl(num_requests=300), seed=8, rate_rps=3.0).to_pandas()
     b = generate(_wl(num_requests=300, output_tokens={"dist": "lognormal", "median": 100, "p90": 300}),
-                 seed=8, rate_rps=3.0)
+                 seed=8, rate_rps=3.0).to_pandas()
     pd.testing.assert_series_equal(a.arrival_s, b.arrival_s)
     pd.testing.assert_series_equal(a.accept_q, b.accept_q)
     pd.testing.assert_series_equal(a.prompt_tokens, b.prompt_tokens)
@@ -140,7 +140,7 @@ def test_bad_rate_is_a_config_error():
 
     for rate in (None, 0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ConfigError, match="rate"):
-            generate(_wl(num_requests=10), seed=1, rate_rps=rate)
+            generate(_wl(num_requests=10), seed=1, rate_rps=rate).to_pandas()
 
 
 def test_arrivals_identical_across_speculative_variants(example_short):
@@ -152,7 +152,7 @@ def test_arrivals_identical_across_speculative_variants(example_short):
     eagle = base.with_overrides({"speculative": {"method": "eagle", "num_speculative_tokens": 2}})
     rate = offered_rate(base, capacity_for(base))
     assert offered_rate(spec, capacity_for(spec)) == rate and offered_rate(eagle, capacity_for(eagle)) == rate
-    tables = [generate(sc.workload, 3, offered_rate(sc, capacity_for(sc))) for sc in (base, spec, eagle)]
+    tables = [generate(sc.workload, 3, offered_rate(sc, capacity_for(sc))).to_pandas() for sc in (base, spec, eagle)]
     for t in tables[1:]:
         pd.testing.assert_frame_equal(tables[0], t)
     # and end to end through simulate()

@@ -59,7 +59,7 @@ def run(a: argparse.Namespace) -> int:
         # (docs/METRICS.md, 'Stability': judged against capacity)
         res = simulate(sc, a.seed, capacity=capacity_for(sc, with_capacity=True, store=store), with_capacity=True)
     if a.steps == "full":  # one row per engine step: fused runs of decode steps expanded
-        res = dataclasses.replace(res, steps=expand_steps(res.steps))
+        res = dataclasses.replace(res, step_table=expand_steps(res.step_table))
     out = res.write(a.out)
     s = res.summary
     verdict = {"stable": "stable", "overloaded": "OVERLOADED", "insufficient": "INSUFFICIENT TO JUDGE",
@@ -71,7 +71,7 @@ def run(a: argparse.Namespace) -> int:
     note = rejected_line(s["rejected_requests"], s["rejected_share"], s["rejected_reason"], s["rejected_lines"])
     if note:
         print(note)
-    note = window_note(sc, s, res.requests.arrival_s.to_numpy())
+    note = window_note(sc, s, res.request_table["arrival_s"])
     if note:
         print(note)
     if "capacity_rps" in s and "disaggregation" in s:
@@ -94,14 +94,14 @@ def run(a: argparse.Namespace) -> int:
     if a.why is not None:
         for line in why_lines(why_speedup(sc, res, a.seed, a.why, store)):
             print(line)
-    iv = res.intervals
+    iv = res.interval_table
     if iv is not None and len(iv) > 1:  # the run over time: intervals.csv/.parquet, and a chart when asked
         chart = a.chart or "interval_s" in sc.sim.model_fields_set
         if chart:
             from experiments.report import timeseries_chart  # (plotly: loaded only for the chart)
 
-            timeseries_chart(iv).write_html(out / "intervals.html", include_plotlyjs="inline")
-        met = float(iv.slo_met.mean())
+            timeseries_chart(iv.to_pandas()).write_html(out / "intervals.html", include_plotlyjs="inline")
+        met = float(iv["slo_met"].mean())
         print(f"  {len(iv)} intervals of {sc.sim.interval_s:g} s ({met:.0%} meet the SLO): replicas peak "
               f"{s['replicas_peak']}, mean {s['replicas_mean']:.2f}, {s['gpu_hours']:.1f} GPU-hours "
               f"({s['gpu_hours_per_day']:.0f} per day) -> {out / ('intervals.html' if chart else 'intervals.csv')}")

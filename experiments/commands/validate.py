@@ -25,10 +25,10 @@ def run(a: argparse.Namespace) -> int:
     wl = sc.workload
     pool = closed_pool(sc, rt) if wl.closed and wl.num_requests is None else None
     table = generate(wl, sc.seed, offered_rate(sc, capacity_for(sc)), pool=pool)
-    prompt, output = table.prompt_tokens.to_numpy(), table.output_tokens.to_numpy()
+    prompt, output = table["prompt_tokens"], table["output_tokens"]
     check_fits(sc, rt, prompt, output)
     ok = fits(rt, prompt, output)
-    lines = lines_text(tuple(int(x) for x in table.trace_line[~ok])) if "trace_line" in table.columns else ""
+    lines = lines_text(tuple(int(x) for x in table["trace_line"][~ok])) if "trace_line" in table else ""
     warn = rejected_line(int((~ok).sum()), float((~ok).mean()), rejection_reason(rt), lines)
     print(f"{a.scenario}: ok ({sc.name}: {rt.num_replicas} replica(s) of {sc.deployment.model} TP{sc.deployment.tensor_parallel}"
           f" on {sc.rack.gpu}, KV {rt.plan.kv_capacity_tokens} tokens per replica)")
