@@ -80,10 +80,11 @@ class Frame:
         return Frame({**self._cols, **cols}, self.attrs)
 
     def to_pandas(self) -> pd.DataFrame:
-        """The table as a DataFrame (pandas imported now: heavy, so only when asked for)."""
+        """The table as a DataFrame of its own (the columns copied: edit it freely; pandas imported
+        now: heavy, so only when asked for)."""
         import pandas as pd  # (heavy: only a user's DataFrame needs it)
 
-        df = pd.DataFrame(self._cols, copy=False) if self._cols else pd.DataFrame(index=range(self._n))
+        df = pd.DataFrame(self._cols, copy=True) if self._cols else pd.DataFrame(index=range(self._n))
         df.attrs.update(self.attrs)
         return df
 
@@ -105,7 +106,8 @@ class Frame:
     def write_csv(self, path: str | Path) -> None:
         """CSV as pandas' `to_csv(index=False)` writes it: a header, each float at its shortest
         exact form, NaN as an empty field."""
-        cells = [[_cell(x) for x in a.tolist()] for a in self._cols.values()]
+        cells = [[_cell(x) for x in (a.tolist() if a.dtype != np.float32 else list(a))]  # (float32 scalars: "0.1")
+                 for a in self._cols.values()]
         with open(path, "w", newline="") as f:
             w = csv.writer(f, lineterminator="\n")
             w.writerow(self._cols)
@@ -149,12 +151,12 @@ def _arrow(a: np.ndarray) -> Any:
         return pa.Array.from_buffers(pa.from_numpy_dtype(a.dtype), a.size, [valid, pa.py_buffer(a)], null_count=nulls)
     if a.dtype.kind == "b":
         return pa.Array.from_buffers(pa.bool_(), a.size, [None, pa.py_buffer(np.packbits(a, bitorder="little"))])
-    return pa.array(a.tolist())
+    return pa.array(a.tolist(), from_pandas=True)  # (NaN as null, as pandas writes it)
 
 
 def _cell(x: Any) -> Any:
-    if isinstance(x, float):
-        return "" if math.isnan(x) else repr(x)
+    if isinstance(x, float | np.floating):
+        return "" if math.isnan(x) else str(x)
     return x
 
 

@@ -65,8 +65,9 @@ class Result:
     run's record (`run`: the fleet timeline, autoscaler decisions, speculation switches, ...).
 
     The tables are kept as Frames (`request_table`, `step_table`, `interval_table`: numpy columns,
-    `sim.frame`); `requests`, `steps` and `intervals` are the same as DataFrames, made when first
-    read (pandas is imported then, not by a run)."""
+    `sim.frame`); `requests`, `steps` and `intervals` are the same as DataFrames of their own, made
+    when first read (pandas is imported then, not by a run): editing one changes neither the run's
+    tables nor the files `write` writes from them."""
 
     scenario: Scenario
     seed: int

@@ -71,3 +71,24 @@ def test_a_column_of_arrays_stays_one_object_per_row() -> None:
     col = object_column(units)
     assert col.shape == (3,) and col.dtype == object and col[1] is units[1]
     assert len(Frame({"unit_keys": col})) == 3
+
+
+def test_a_users_dataframe_is_its_own(tmp_path: Path) -> None:
+    # a table read from pandas holds read-only views (pandas 3): the DataFrame a user gets back is writable,
+    # and editing it leaves the run's table (and the files `Result.write` writes) as they were
+    t = Frame.from_pandas(_table().to_pandas())
+    assert not t["x"].flags.writeable
+    df = t.to_pandas()
+    df.loc[0, "x"] = 123.0
+    assert t["x"][0] != 123.0 and df.loc[0, "x"] == 123.0
+
+
+def test_other_dtypes_are_written_as_pandas_writes_them(tmp_path: Path) -> None:
+    t = Frame({"f32": np.array([0.1, np.nan, 2.5], dtype=np.float32), "name": np.array(["a", None, "c"], dtype=object),
+               "w": np.array([1.5, np.nan, 3.0], dtype=object)})
+    df = t.to_pandas()
+    t.write_csv(tmp_path / "a.csv")
+    df.to_csv(tmp_path / "b.csv", index=False)
+    assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
+    t.write_parquet(tmp_path / "a.parquet")
+    assert pq.read_table(tmp_path / "a.parquet").column("w").null_count == 1  # NaN as null in an object column too
