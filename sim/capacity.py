@@ -310,8 +310,11 @@ def _code_digest() -> str:
     return h.hexdigest()
 
 
+@functools.cache
 def _versions() -> dict[str, str]:
-    """The versions a measurement's numbers may depend on (random streams, special functions)."""
+    """The versions a measurement's numbers may depend on (random streams, special functions);
+    read once per process (a package's metadata takes milliseconds to read, and a plan reads it
+    for every cache key)."""
     def version(dist: str) -> str:
         try:
             return metadata.version(dist)
