@@ -283,7 +283,7 @@ def choose_k_general(rep: ReplicaState, dec: np.ndarray, est: np.ndarray) -> int
     spec = rep.rt.spec
     assert spec is not None
     n = rep.n_running
-    ds = np.flatnonzero(dec)
+    ds = dec.nonzero()[0]
     table = (spec.shape.expected_tokens_table(est, spec.k) if spec.shape is not None
              else expected_tokens_table(est, spec.k, spec.decay))
     m = rep.reqs.match[rep.rid[:n][dec]] if spec.on_match else None

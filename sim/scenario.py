@@ -113,15 +113,17 @@ class Scenario(ScenarioSpec):
         return self
 
     def with_overrides(self, overrides: dict[str, Any]) -> Scenario:
-        data = apply_overrides(self.model_dump(mode="json", exclude_none=True), overrides)
+        data = apply_overrides(self.model_dump(mode="json", exclude_none=True), overrides, copy_data=False)
         _resolve_paths(data, Path.cwd())
         _resolve_model_configs(data, Path.cwd())
         return scenario_from_dict(data)
 
 
-def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """Set dotted keys (`workload.utilisation`) in a nested dict; a None value removes the key."""
-    data = copy.deepcopy(data)
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any], copy_data: bool = True) -> dict[str, Any]:
+    """Set dotted keys (`workload.utilisation`) in a nested dict; a None value removes the key.
+    `copy_data`: work on a deep copy (off for a dict made for the call: a plan sets thousands)."""
+    if copy_data:
+        data = copy.deepcopy(data)
     for dotted, value in overrides.items():
         parts = dotted.split(".")
         node = data

@@ -303,7 +303,7 @@ class ReplicaState:
         n = self.n_running
         fin = self.gen[:n] >= self.out[:n] if stay is None else ~stay
         if stay is not None or fin.any():
-            f = np.flatnonzero(fin)
+            f = fin.nonzero()[0]
             self.sync_entries(f)
             reqs.completion[self.rid[f]] = now
             reqs.n_done += int(f.size)

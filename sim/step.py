@@ -230,7 +230,7 @@ def plan_prefill(rep: ReplicaState, budget: int, dec: np.ndarray, admit: bool, a
     chunks: list[int] = []
     full = budget
     if not all_dec:
-        for j in np.flatnonzero(~dec).tolist():
+        for j in (~dec).nonzero()[0].tolist():
             if budget <= 0:
                 break
             c = fit_chunk(rep, j, budget, budget == full)
@@ -394,7 +394,7 @@ def plan_step(rep: ReplicaState, separate: bool, decode_due: bool) -> StepPlan:
         n = rep.n_running
         n_dec = n if all_dec else int(dec.sum())
         # decoding entries: a slice (a cheap view) when every running sequence decodes
-        ds = slice(0, n) if n_dec == n else np.flatnonzero(dec)
+        ds = slice(0, n) if n_dec == n else dec.nonzero()[0]
         plan = (rep.price.verify_plan(rep.computed[ds], k, None if matched is None else matched[:n][ds])
                 if general else None)
         if not separate:
