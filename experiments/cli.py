@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as err:
         print(f"specrack: error: file not found: {err.filename}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader left (`specrack run ... | head`): no error, as a shell tool ends on SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (what is left unflushed goes nowhere)
+        return 141  # 128 + SIGPIPE, as the shell reports a tool killed by it
     except OSError as err:  # a folder where a file is due, no permission, disk full...
         where = f": {err.filename}" if err.filename else ""
         print(f"specrack: error: {err.strerror or err}{where}", file=sys.stderr)
@@ -86,10 +89,10 @@ def entry() -> None:
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-    except (BrokenPipeError, OSError):  # (a closed pipe: `specrack list | head`)
-        rc = rc or 1
+    except OSError:  # (a closed pipe: `specrack list | head`)
+        rc = rc or 141
     os._exit(rc)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -5,6 +5,7 @@ go through the installed entry point in a subprocess, the user's real path."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,23 @@ def specrack(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[st
     return subprocess.run([_entry_point(), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_a_reader_that_leaves_is_not_an_error(unbuffered: str, tmp_path: Path) -> None:
+    """`specrack run ... | head`: the reader closes the pipe; the run ends as a shell tool ends on
+    SIGPIPE (exit 141), with nothing on stderr, whether its output was flushed line by line or at exit."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    for cmd in ([_entry_point()], [sys.executable, "-m", "experiments.cli"]):
+        p = subprocess.Popen([*cmd, "run", str(EXAMPLE), "--out", str(tmp_path), *SHORT], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert p.stdout is not None and p.stderr is not None
+        p.stdout.close()  # (before a line is read: every write finds the pipe closed)
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=120) == 141 and err == "", (cmd, err)
+        assert (tmp_path / "summary.json").is_file()  # (it ran)
 
 
 # ----------------------------------------------------------------------------- cost
