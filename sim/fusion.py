@@ -55,7 +55,7 @@ from sim.step import (
     prefill_sums,
     reserve_need,
 )
-from sim.tables import ROW, row_waiting, with_waiting
+from sim.tables import ROW, add_reduce, row_waiting, with_waiting
 
 
 # ------------------------------------------------------------- step fusion
@@ -127,7 +127,7 @@ def plan_run(rep: ReplicaState) -> list[RunSegment] | None:
         return None
     t = rep.env._now
     bound, end_bound = fb.next_s(t, rep.idx)
-    held = int(rep.blocks[:n].sum())
+    held = int(add_reduce(rep.blocks[:n]))
     seg = plan_segment(rep, t, n, c, m, rep.free_blocks, held, bound, end_bound, 2)
     if seg is None:
         return None
@@ -141,7 +141,7 @@ def plan_run(rep: ReplicaState) -> list[RunSegment] | None:
         keep = rem > 0
         held_all = held + seg.new_blocks
         c, rem, ba = seg.computed_after[keep], rem[keep], seg.blocks_after[keep]
-        held = int(ba.sum())
+        held = int(add_reduce(ba))
         segs[-1] = seg._replace(leaving=n - c.size, stay=keep)
         free += held_all - held - seg.new_blocks  # the finished sequences' blocks are freed
         n = c.size
@@ -216,7 +216,7 @@ def absorbing_run(rep: ReplicaState) -> Generator[simpy.Event, Any, int]:
     if not live[:n0].all():
         rep.compact(live[:n0])
     m0 = rep.n_running
-    m = m0 + int(live[n0:].sum())
+    m = m0 + int(add_reduce(live[n0:]))
     if m > m0:
         nr = np.array(rids[n0:], dtype=np.int64)[live[n0:]]
         rep.ints[:, m0:m] = 0
@@ -302,7 +302,7 @@ def plan_absorbing(rep: ReplicaState) -> tuple[Any, ...] | None:
     c0 = rep.computed[:n]
     B = BLOCK_SIZE
     if n and ((c0 < rep.target[:n]).any()
-              or int(rep.blocks[:n].sum()) != int(((c0 + (B - 1)) // B).sum())):
+              or int(add_reduce(rep.blocks[:n])) != int(add_reduce((c0 + (B - 1)) // B))):
         return None
     fb, rt, reqs = rep.fuse, rep.rt, rep.reqs
     assert fb is not None
@@ -322,7 +322,7 @@ def plan_absorbing(rep: ReplicaState) -> tuple[Any, ...] | None:
     rids: list[int] = rep.rid[:n].tolist()
     alive = [True] * n
     hist = np.bincount(c0 % B, minlength=B).tolist()
-    sum_base = int(c0.sum())
+    sum_base = int(add_reduce(c0))
     heap = [(fin[e], e) for e in range(n)]
     heapq.heapify(heap)
     free = rep.free_blocks
@@ -544,7 +544,7 @@ def plan_segment(rep: ReplicaState, t: float, n: int, c: np.ndarray, m: int, fre
     is proportional to context + new tokens in both its branches)."""
     cost = rep.rt.cost
     finish = m
-    ctx0 = float(c.sum())
+    ctx0 = float(add_reduce(c))
     d0 = cost.decode_s(n, ctx0)
     limit = bound if bound < end_bound else end_bound
     m = min(m, FUSE_MAX_STEPS, int((limit - t) / d0) + 2)  # durations never fall as the context grows
@@ -566,8 +566,8 @@ def plan_segment(rep: ReplicaState, t: float, n: int, c: np.ndarray, m: int, fre
     split = bool(st[k] >= bound)
     # blocks held after the first k - 1 steps (the row of a split segment's first part; a finishing
     # one may be split too: `fused_run`)
-    but_last = int(((after + (BLOCK_SIZE - 2)) // BLOCK_SIZE).sum()) - held if split or k == finish else 0
-    return RunSegment(k, d0, slope, split, ctx0, k == finish, t, float(st[k]), after, ba, int(ba.sum()) - held,
+    but_last = int(add_reduce((after + (BLOCK_SIZE - 2)) // BLOCK_SIZE)) - held if split or k == finish else 0
+    return RunSegment(k, d0, slope, split, ctx0, k == finish, t, float(st[k]), after, ba, int(add_reduce(ba)) - held,
                       but_last, last_start_s=float(st[k - 1]))
 
 
@@ -656,7 +656,7 @@ def spec_run(rep: ReplicaState) -> Generator[simpy.Event, Any, int]:
     k = choose_k(rep, np.ones(n, dtype=bool))
     now = env._now
     bound, end_bound = fb.next_s(now, rep.idx)
-    free, held_sum = rep.free_blocks, int(held.sum())
+    free, held_sum = rep.free_blocks, int(add_reduce(held))
     nxt = rep.reqs.lead_off[rep.rid[:n]] + rep.n_verify[:n]  # each sequence's next outcome
     seg = plan_spec_segment(rep, now, c, rem, nxt, k, free, held_sum, bound, end_bound, 2)
     if seg is None:
@@ -707,9 +707,9 @@ def spec_run(rep: ReplicaState) -> Generator[simpy.Event, Any, int]:
             rep.n_vemit[:n] += got
         rep.gen[:n] += got
         rep.computed[:n] += got
-        free0, held0 = rep.free_blocks, int(rep.blocks[:n].sum())
+        free0, held0 = rep.free_blocks, int(add_reduce(rep.blocks[:n]))
         new_held = (rep.computed[:n] + (BLOCK_SIZE - 1)) // BLOCK_SIZE
-        rep.free_blocks -= int((new_held - rep.blocks[:n]).sum())
+        rep.free_blocks -= int(add_reduce(new_held - rep.blocks[:n]))
         rep.blocks[:n] = new_held
         last = g is segs[-1]
         if last:
@@ -1093,7 +1093,7 @@ def plan_spec_segment(rep: ReplicaState, now: float, c: np.ndarray, rem: np.ndar
     assert spec is not None
     n = c.size
     q = k + 1
-    ctx0 = float(c.sum())
+    ctx0 = float(add_reduce(c))
     # step 0's duration, as the ordinary step prices it; later steps last longer (a longer
     # context). A first segment of one step would be the ordinary step at a higher cost: none
     # when the second step could not start before the bounds
@@ -1137,7 +1137,7 @@ def plan_spec_segment(rep: ReplicaState, now: float, c: np.ndarray, rem: np.ndar
         return None
     got = emit[:steps].sum(axis=0)
     c_after = c + got
-    held_all = int(((c_after + (BLOCK_SIZE - 1)) // BLOCK_SIZE).sum())
+    held_all = int(add_reduce((c_after + (BLOCK_SIZE - 1)) // BLOCK_SIZE))
     rem_after = rem - got
     done = rem_after <= 0
     finishing = bool(done.any())
@@ -1147,4 +1147,4 @@ def plan_spec_segment(rep: ReplicaState, now: float, c: np.ndarray, rem: np.ndar
         # blocks held after each step but the last (the last's are known after the segment)
         ((c + (BLOCK_SIZE - 1) + cum[:steps - 1]) // BLOCK_SIZE).sum(axis=1),
         finishing, c_after, rem_after, held_all,
-        int(((c_after[done] + (BLOCK_SIZE - 1)) // BLOCK_SIZE).sum()) if finishing else 0)
+        int(add_reduce((c_after[done] + (BLOCK_SIZE - 1)) // BLOCK_SIZE)) if finishing else 0)

@@ -17,6 +17,7 @@ import numpy as np
 
 from models.speculative import expected_tokens_table
 from sim.pricing import StepPricer, needs_general
+from sim.tables import add_reduce
 
 if TYPE_CHECKING:
     from sim.deployment import SpecRuntime
@@ -205,12 +206,12 @@ def adaptive_k(rep: ReplicaState, dec: np.ndarray) -> int:
     n = rep.n_running
     if rep.scalar_steps and spec.shape is None:
         return adaptive_pick(rep.price, rep.n_acc[:n][dec].tolist(), rep.n_prop[:n][dec].tolist(),
-                             float(rep.computed[:n][dec].sum()))
+                             float(add_reduce(rep.computed[:n][dec])))
     est = (rep.n_acc[:n][dec] + 0.7 * 4.0) / (rep.n_prop[:n][dec] + 4.0)
     if needs_general(spec):
         return choose_k_general(rep, dec, est)
-    ctx = float(rep.computed[:n][dec].sum())
-    return int(adaptive_k_many(rep.price, est[None, :], np.array([ctx]), int(dec.sum()))[0])
+    ctx = float(add_reduce(rep.computed[:n][dec]))
+    return int(adaptive_k_many(rep.price, est[None, :], np.array([ctx]), int(add_reduce(dec)))[0])
 
 
 def adaptive_pick(price: StepPricer, acc: list[int], prop: list[int], ctx: float) -> int:
@@ -287,9 +288,9 @@ def choose_k_general(rep: ReplicaState, dec: np.ndarray, est: np.ndarray) -> int
     table = (spec.shape.expected_tokens_table(est, spec.k) if spec.shape is not None
              else expected_tokens_table(est, spec.k, spec.decay))
     m = rep.reqs.match[rep.rid[:n][dec]] if spec.on_match else None
-    exp_tokens = (table.sum(axis=0) if m is None else dec.sum() + (m[:, None] * (table - 1.0)).sum(axis=0))
+    exp_tokens = (table.sum(axis=0) if m is None else add_reduce(dec) + (m[:, None] * (table - 1.0)).sum(axis=0))
     n_dec = int(ds.size)
-    ctx_dec = float(rep.computed[ds].sum())
+    ctx_dec = float(add_reduce(rep.computed[ds]))
     rate = np.zeros(spec.k + 1)
     for k in range(spec.k + 1):
         plan = rep.price.verify_plan(rep.computed[ds], k, None if m is None else m) if k else None

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple, final
 import numpy as np
 
 from models.cost import CostModel
+from sim.tables import add_reduce
 
 if TYPE_CHECKING:
     from sim.deployment import ReplicaRuntime
@@ -140,16 +141,16 @@ class StepPricer:
         assert spec is not None
         ctx = computed.astype(np.float64)
         n_dec = float(ctx.size)
-        ctx_sum = float(ctx.sum())
+        ctx_sum = float(add_reduce(ctx))
         q = spec.verify_tokens(k)
         if matched is not None:
             w = np.asarray(matched, dtype=np.float64)
-            n_m, ctx_m = float(w.sum()), float((w * ctx).sum())
+            n_m, ctx_m = float(add_reduce(w)), float(add_reduce(w * ctx))
             tokens = n_dec + k * n_m
             pairs = ctx_sum + n_dec + k * ctx_m + n_m * (q * (q + 1) / 2.0 - 1.0)
             return VerifyPlan(tokens, pairs, n_m, ctx_m)
         tri = q * q if (spec.shape is not None and not spec.shape.chain) else q * (q + 1) / 2.0
-        draft_ctx = ctx_sum if spec.draft_window is None else float(np.minimum(ctx, spec.draft_window).sum())
+        draft_ctx = ctx_sum if spec.draft_window is None else float(add_reduce(np.minimum(ctx, spec.draft_window)))
         return VerifyPlan(n_dec * q, ctx_sum * q + n_dec * tri, n_dec, draft_ctx)
 
     def draft_sums(self, plan: VerifyPlan, k: int) -> tuple[float, float, float]:

@@ -28,7 +28,7 @@ import simpy
 from models.memory import BLOCK_SIZE
 from sim.prefix_cache import PrefixCache
 from sim.pricing import StepPricer
-from sim.tables import Requests, StepLog
+from sim.tables import Requests, StepLog, add_reduce
 
 if TYPE_CHECKING:
     from sim.deployment import ReplicaRuntime
@@ -253,10 +253,10 @@ class ReplicaState:
         referenced + free = the pool, always."""
         n = self.n_running
         cache = self.cache
-        private = int(self.blocks[:n].sum())
+        private = int(add_reduce(self.blocks[:n]))
         referenced = 0
         if cache is not None:
-            private -= int(self.c_blocks[:n].sum())
+            private -= int(add_reduce(self.c_blocks[:n]))
             referenced = sum(cache.nb[k] for k, r in cache.ref.items() if r > 0)
         return {"private": private, "referenced": referenced, "evictable": cache.evictable if cache else 0,
                 "free": self.free_blocks, "pool": self.rt.plan.num_blocks}
@@ -308,7 +308,7 @@ class ReplicaState:
             reqs.completion[self.rid[f]] = now
             reqs.n_done += int(f.size)
             if self.cache is None:
-                self.free_blocks += int(self.blocks[f].sum())
+                self.free_blocks += int(add_reduce(self.blocks[f]))
             else:
                 for j in f.tolist():
                     self.release(j)

@@ -31,6 +31,7 @@ from models.memory import BLOCK_SIZE
 from sim.policies import choose_k
 from sim.pricing import VerifyPlan, needs_general
 from sim.state import ReplicaState
+from sim.tables import add_reduce
 
 
 def decode_one(C: list[int], R: list[int], entries: list[int]) -> tuple[int, list[int]]:
@@ -346,7 +347,7 @@ def reserve_decode(rep: ReplicaState, k: int, qv: int, matched: np.ndarray | Non
         need = (rep.computed[:n] + (grow + BLOCK_SIZE - 1)) // BLOCK_SIZE - rep.blocks[:n]
         if not all_dec:
             need *= dec  # blocks for the decoding sequences only
-        need_total = int(need.sum())
+        need_total = int(add_reduce(need))
         if need_total <= rep.free_blocks:
             break
         rep.preempt_youngest()
@@ -392,7 +393,7 @@ def plan_step(rep: ReplicaState, separate: bool, decode_due: bool) -> StepPlan:
             matched = rep.rng.random(n) < rep.reqs.match[rep.rid[:n]]
         dec, preempted = reserve_decode(rep, k, qv, matched, dec, all_dec)
         n = rep.n_running
-        n_dec = n if all_dec else int(dec.sum())
+        n_dec = n if all_dec else int(add_reduce(dec))
         # decoding entries: a slice (a cheap view) when every running sequence decodes
         ds = slice(0, n) if n_dec == n else dec.nonzero()[0]
         plan = (rep.price.verify_plan(rep.computed[ds], k, None if matched is None else matched[:n][ds])
@@ -407,7 +408,7 @@ def plan_step(rep: ReplicaState, separate: bool, decode_due: bool) -> StepPlan:
         return step
     if chunk_idx:
         step.pre_tokens, step.pre_ctx, step.pre_pairs = prefill_sums(chunks, rep.computed[chunk_idx].tolist())
-    ctx_dec = float(rep.computed[step.ds].sum()) if step.n_dec else 0.0
+    ctx_dec = float(add_reduce(rep.computed[step.ds])) if step.n_dec else 0.0
     (step.total_s, step.target_s, step.draft_s, step.over_s, step.flops, step.nbytes) = rep.price.spec_cost(
         step.n_dec, ctx_dec, step.k, len(chunk_idx), step.pre_tokens, step.pre_ctx, step.pre_pairs, plan)
     if rep.reqs.draft_pending is not None and chunk_idx:
@@ -457,7 +458,7 @@ def verify_outcomes(rep: ReplicaState, step: StepPlan) -> int:
         rep.n_acc[ds] += acc
         rep.n_verify[ds] += hit
         rep.n_vemit[ds] += emit * hit
-        emitted = int(emit.sum())
+        emitted = int(add_reduce(emit))
     elif spec is not None and k > 0:
         acc = rep.reqs.drafts_accepted(rep.rid[ds], rep.n_verify[ds], k)
         emit = np.minimum(acc + 1, rep.out[ds] - rep.gen[ds])
@@ -465,7 +466,7 @@ def verify_outcomes(rep: ReplicaState, step: StepPlan) -> int:
         rep.n_acc[ds] += acc  # drafted tokens the target agreed with (vLLM's count)
         rep.n_verify[ds] += 1
         rep.n_vemit[ds] += emit
-        emitted = int(emit.sum())
+        emitted = int(add_reduce(emit))
     else:
         rep.gen[ds] += 1  # one token each: a running sequence always has one left
         rep.computed[ds] += 1
@@ -474,7 +475,7 @@ def verify_outcomes(rep: ReplicaState, step: StepPlan) -> int:
     rep.computed[ds] += emit
     # release blocks reserved for rejected draft tokens
     keep = -(-rep.computed[ds] // BLOCK_SIZE)
-    rep.free_blocks += int((rep.blocks[ds] - keep).sum())
+    rep.free_blocks += int(add_reduce(rep.blocks[ds] - keep))
     rep.blocks[ds] = keep
     return emitted
 
