@@ -67,9 +67,6 @@ class Frame:
     def columns(self) -> list[str]:
         return list(self._cols)
 
-    def get(self, name: str, default: Any = None) -> Any:
-        return self._cols.get(name, default)
-
     def rows(self, which: np.ndarray | slice) -> Frame:
         """The rows a boolean mask, an index array or a slice picks, in that order (copies, but a
         slice's views)."""
