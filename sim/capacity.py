@@ -310,11 +310,16 @@ def _code_digest() -> str:
     return h.hexdigest()
 
 
+def package_versions() -> dict[str, str]:
+    """The versions a measurement's numbers may depend on (random streams, special functions),
+    by package (python, numpy, pandas, simpy, scipy; what a run's summary reports too)."""
+    return dict(_versions())
+
+
 @functools.cache
 def _versions() -> dict[str, str]:
-    """The versions a measurement's numbers may depend on (random streams, special functions);
-    read once per process (a package's metadata takes milliseconds to read, and a plan reads it
-    for every cache key)."""
+    # read once per process: a package's metadata takes milliseconds to read, and a plan reads it
+    # for every cache key (pandas and scipy from their metadata: a run imports neither)
     def version(dist: str) -> str:
         try:
             return metadata.version(dist)

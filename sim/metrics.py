@@ -198,9 +198,8 @@ def expand_steps(steps: Table) -> Frame:
     ended, as the unfused engine logs them."""
     steps = as_frame(steps)
     cnt = _counts(steps)
-    if (cnt == 1).all():
-        return steps.with_columns(count=np.ones(len(steps), dtype=np.int64), gap_step_s=np.zeros(len(steps))) \
-            if "count" not in steps else steps.rows(slice(None))
+    if (cnt == 1).all():  # (nothing fused: the table as it is, with the run-length columns it may lack)
+        return steps if "count" in steps else steps.with_columns(count=cnt, gap_step_s=np.zeros(len(steps)))
     rows, x = step_starts(steps)
     _, j = _run_index(cnt)
     out = steps.rows(rows)

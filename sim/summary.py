@@ -26,16 +26,12 @@ show) and, with it, which section owns each key.
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 import itertools
-import platform
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import simpy
 
-from sim.capacity import Capacity
+from sim.capacity import Capacity, package_versions
 from sim.deployment import ReplicaRuntime
 from sim.frame import column
 from sim.metrics import (
@@ -254,15 +250,9 @@ def deployment_section(rt: ReplicaRuntime) -> dict[str, Any]:
 
 
 def versions() -> dict[str, str]:
-    """The versions a run ran with (scipy and pandas read from their metadata: a run imports neither)."""
-    return dict(_versions())
-
-
-@functools.cache
-def _versions() -> dict[str, str]:
-    return {"specrack": VERSION, "python": platform.python_version(), "numpy": np.__version__,
-            "simpy": simpy.__version__, "scipy": importlib.metadata.version("scipy"),
-            "pandas": importlib.metadata.version("pandas")}
+    """The versions a run ran with (`sim.capacity.package_versions`, in the summary's order)."""
+    v = package_versions()
+    return {"specrack": VERSION, **{k: v[k] for k in ("python", "numpy", "simpy", "scipy", "pandas")}}
 
 
 def provenance_section(sc: Scenario, seed: int) -> dict[str, Any]:
